@@ -1,0 +1,1 @@
+"""Code generation: schedules, loop IR, the LLVM and CUDA backends."""

@@ -1,0 +1,1 @@
+"""The grammars of the .nf language and the textual IR (package data)."""

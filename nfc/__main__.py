@@ -1,0 +1,5 @@
+import sys
+
+from nfc.cli import main
+
+sys.exit(main())

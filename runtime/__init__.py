@@ -1,0 +1,1 @@
+"""The runtime: loading artifacts, training, tuning, the tuning cache."""
