@@ -63,7 +63,7 @@ WEAK_INT = "int"
 WEAK_FLOAT = "float"
 Kind = DType | str
 
-ROLES = frozenset({"input", "param", "state", "rng"})
+ROLES = frozenset({"input", "param", "state", "rng", "opt_state", "step"})
 INITIALIZERS = ("normal", "uniform", "zeros", "ones", "const", "glorot_uniform", "he_normal")
 _INIT_RE = re.compile(r"\s*(" + "|".join(INITIALIZERS) + r")\s*(\(.*\))?\s*\Z")
 _FLOAT_FNS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
