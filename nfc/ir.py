@@ -14,9 +14,10 @@ import enum
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # ---------------------------------------------------------------------------------------------
 # types
@@ -51,6 +52,8 @@ class DType(enum.Enum):
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype the interpreter computes in (bf16 is emulated in f32)."""
+        import numpy as np  # imported here so that `nfc --help` does not load numpy
+
         return np.dtype(
             {"f16": "float16", "bf16": "float32", "f32": "float32", "f64": "float64",
              "i1": "bool", "i32": "int32", "i64": "int64"}[self.value])

@@ -1,0 +1,225 @@
+"""Compiling kernels: into an LLVM module (for the artifact builder) or JIT (tests, tuning).
+
+`emit_kernel(module, name, op, schedule)` adds `void name(ptr buffers)` to an llvmlite module;
+`optimize(module)` parses and runs LLVM's O3 pipeline for the host; `compile_kernel(op)` does
+both and loads the code with MCJIT, returning a `JitKernel` callable on numpy arrays.
+Parallel loops call libgomp, which is loaded into the process once (`load_library_permanently`)
+so MCJIT resolves `GOMP_parallel`; `set_num_threads` sets its team size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nfc.codegen.cpu import CpuTarget, _init_llvm, host_target, target_machine
+from nfc.codegen.loops import LoopFunc
+from nfc.codegen.lower import group_of, lower
+from nfc.codegen.schedule import GroupSchedule, Schedule
+from nfc.ir import ComputeOp, KernelOp, Value
+
+#: Op attribute holding a schedule dict (`Schedule.to_dict()` or space parameters); used when
+#: no schedule is passed explicitly.
+SCHEDULE_ATTR = "nf.schedule"
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What a caller of an emitted kernel must know: its buffers in call order."""
+
+    name: str
+    loops: LoopFunc
+    outputs: tuple[Value, ...]
+    inputs: tuple[Value, ...]
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of scratch memory passed as the last buffer (0: no workspace entry)."""
+        return self.loops.workspace_bytes
+
+    @property
+    def n_buffers(self) -> int:
+        """Entries of the `buffers` array: outputs, inputs, and the workspace if any."""
+        return len(self.outputs) + len(self.inputs) + (1 if self.workspace_bytes else 0)
+
+
+def new_module(name: str = "nfc", target: CpuTarget | None = None):  # -> ir.Module
+    """An empty llvmlite module with the target's triple and data layout."""
+    from llvmlite import ir
+
+    tm = target_machine(target)
+    m = ir.Module(name=name)
+    m.triple = tm.triple
+    m.data_layout = str(tm.target_data)
+    return m
+
+
+def emit_kernel(module: Any, name: str, op: ComputeOp | KernelOp | Sequence[ComputeOp],
+                schedule: Schedule | GroupSchedule | dict | None = None, *,
+                target: CpuTarget | None = None) -> KernelInfo:
+    """Add `void name(ptr buffers)` computing `op` to the llvmlite `module`.
+
+    `buffers[n]` points at the n-th output, then the inputs (`KernelInfo.inputs` order),
+    then the workspace when `workspace_bytes > 0`; arrays are C-contiguous of the IR dtype
+    (i1 as one byte per element). Outputs must not overlap inputs unless elementwise in place.
+    """
+    from nfc.codegen.llvm.emitter import emit_function
+
+    if schedule is None and not isinstance(op, Sequence) and SCHEDULE_ATTR in op.attrs:
+        schedule = op.attrs[SCHEDULE_ATTR]  # a schedule recorded in the IR (tuned, replayed)
+    if isinstance(schedule, dict):
+        schedule = schedule_to_object(op, schedule, target)
+    loops = lower(op, schedule, name=name)
+    emit_function(module, loops, name, target or host_target())
+    _, outs, ins = group_of(op)
+    return KernelInfo(name, loops, tuple(outs), tuple(ins))
+
+
+def schedule_to_object(op: Any, d: dict, target: CpuTarget | None = None
+                       ) -> Schedule | GroupSchedule:
+    """A schedule from its dict: either a `Schedule.to_dict()` form (has `version`) or a
+    schedule-space parameter dict of a single compute."""
+    from nfc.codegen.schedule import schedule_from_dict
+    from nfc.codegen.space import schedule_space
+
+    if "version" in d or "kind" in d:
+        return schedule_from_dict(d)
+    if not isinstance(op, ComputeOp):
+        raise ValueError("space parameters apply to a single compute")
+    return schedule_space(op, target).to_schedule(d)
+
+
+def optimize(module: Any, target: CpuTarget | None = None):  # -> llvm.ModuleRef
+    """Parse, verify and optimise (O3, loop and SLP vectorizers) an llvmlite module."""
+    import llvmlite.binding as llvm
+
+    _init_llvm()
+    tm = target_machine(target)
+    ref = llvm.parse_assembly(str(module))
+    ref.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(ref, pb)
+    return ref
+
+
+@functools.cache
+def _libgomp() -> ctypes.CDLL:
+    import llvmlite.binding as llvm
+
+    _init_llvm()
+    name = ctypes.util.find_library("gomp") or "libgomp.so.1"
+    llvm.load_library_permanently(name)
+    return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by parallel loops (libgomp's `omp_set_num_threads`)."""
+    _libgomp().omp_set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    """Threads parallel loops use (`omp_get_max_threads`)."""
+    return int(_libgomp().omp_get_max_threads())
+
+
+_KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p))
+
+
+class JitKernel:
+    """A compiled kernel callable on numpy arrays: `kernel(*inputs) -> output(s)`."""
+
+    def __init__(self, info: KernelInfo, engine: Any, address: int, ir_text: str) -> None:
+        self.info = info
+        self.engine = engine  # keeps the code alive
+        self.ir_text = ir_text
+        self._fn = _KernelFn(address)
+        self._workspace = _aligned_empty(info.workspace_bytes)
+
+    @property
+    def loops(self) -> LoopFunc:
+        """The loop IR that was compiled."""
+        return self.info.loops
+
+    def run(self, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> None:
+        """Compute into preallocated `outputs` (C-contiguous, right dtype and shape)."""
+        arrays = list(outputs) + list(inputs)
+        for arr, v in zip(arrays, [*self.info.outputs, *self.info.inputs], strict=True):
+            assert arr.flags.c_contiguous and arr.shape == v.shape, (arr.shape, v.shape)
+            assert arr.dtype == v.dtype.numpy, (arr.dtype, v.dtype)
+        ptrs = [a.ctypes.data for a in arrays]
+        if self._workspace is not None:
+            ptrs.append(self._workspace.ctypes.data)
+        buf = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+        self._fn(buf)
+
+    def __call__(self, *inputs: np.ndarray) -> Any:
+        ins = [np.asarray(x, dtype=v.dtype.numpy, order="C")
+               for x, v in zip(inputs, self.info.inputs, strict=True)]
+        outs = [np.empty(v.shape, v.dtype.numpy) for v in self.info.outputs]
+        self.run(outs, ins)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray | None:
+    if nbytes <= 0:
+        return None
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start:start + nbytes]
+
+
+def compile_kernel(op: ComputeOp | KernelOp | Sequence[ComputeOp],
+                   schedule: Schedule | GroupSchedule | dict | None = None, *,
+                   target: CpuTarget | None = None, name: str = "kernel") -> JitKernel:
+    """JIT-compile a compute or a group with a schedule (the default when None)."""
+    import llvmlite.binding as llvm
+
+    _libgomp()
+    module = new_module(name, target)
+    info = emit_kernel(module, name, op, schedule, target=target)
+    text = str(module)
+    if os.environ.get("NFC_DEBUG_DIR"):
+        _dump(name, text, info)
+    ref = optimize(module, target)
+    engine = llvm.create_mcjit_compiler(ref, target_machine(target))
+    engine.finalize_object()
+    return JitKernel(info, engine, engine.get_function_address(name), text)
+
+
+def _dump(name: str, text: str, info: KernelInfo) -> None:
+    from nfc.codegen.loops import print_loops
+
+    d = os.environ["NFC_DEBUG_DIR"]
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"{name}.ll"), "w") as f:
+        f.write(text)
+    with open(os.path.join(d, f"{name}.loops"), "w") as f:
+        f.write(print_loops(info.loops))
+
+
+def compile_kernels(ops: Sequence[ComputeOp | KernelOp], *, target: CpuTarget | None = None,
+                    prefix: str = "k") -> list[JitKernel]:
+    """JIT-compile several ops (default schedules, or their `nf.schedule` attributes) in one
+    LLVM module: one optimisation and code generation run for all of them."""
+    import llvmlite.binding as llvm
+
+    _libgomp()
+    module = new_module(prefix, target)
+    infos = [emit_kernel(module, f"{prefix}{n}", op, None, target=target)
+             for n, op in enumerate(ops)]
+    text = str(module)
+    ref = optimize(module, target)
+    engine = llvm.create_mcjit_compiler(ref, target_machine(target))
+    engine.finalize_object()
+    return [JitKernel(info, engine, engine.get_function_address(info.name), text)
+            for info in infos]

@@ -1,0 +1,377 @@
+"""Schedule spaces: every tunable parameter of a compute's schedule with its candidate values,
+the heuristic default, validity, and the mapping from a parameter dict to a `Schedule`.
+
+Two templates:
+- `GemmSpace` for contractions recognised by pattern (`match_gemm`): one sum axis `k`, a
+  product of two loads indexed `(.., i, .., k)` and `(.., k, .., j)` (plus shared batch axes).
+  The schedule packs B into zero-padded panels of NR columns (and optionally A into panels of
+  MR rows), blocks K by KC and M by MC for the caches, and runs an MR x NR register-blocked
+  micro-kernel (broadcast A, vector loads of B, FMAs into MR*NR/W vector accumulators) with
+  the k loop unrolled.
+- `LoopSpace` for everything else: a vectorized axis (an output axis, or a reduction axis
+  with per-lane partial results), a register tile of vectors and of a second output axis for
+  reductions, an unrolled innermost reduction, and fused parallel outer loops.
+
+The tuner (nfc.runtime.tuning.search) searches `params`; `to_schedule(cfg)` gives the schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from nfc.codegen.cpu import CpuTarget, host_target
+from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
+from nfc.ir import Binary, ComputeOp, Expr, Index, Load, index_names
+
+#: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
+PARALLEL_WORK = 1 << 16
+
+
+@dataclass(frozen=True)
+class GemmPattern:
+    """Roles of the axes and operands of a GEMM-like compute."""
+
+    i: str
+    j: str
+    k: str
+    batch: tuple[str, ...]
+    a: int
+    """Operand number (in `op.operands`) of the load indexed by i and k."""
+    b: int
+    """Operand number of the load indexed by k and j."""
+    a_dim: int
+    """Dimension of A indexed by i."""
+    b_dim: int
+    """Dimension of B indexed by j."""
+
+
+def _plain(ld: Expr) -> list[str] | None:
+    if not isinstance(ld, Load) or not all(isinstance(x, Index) for x in ld.indices):
+        return None
+    names = [x.name for x in ld.indices if isinstance(x, Index)]
+    return names if len(set(names)) == len(names) else None
+
+
+def match_gemm(op: ComputeOp) -> GemmPattern | None:
+    """The GEMM roles of `op`, or None when it is not `sum_k A[.., i, k] * B[.., k, j]`."""
+    if op.reduce != "sum" or len(op.raxes) != 1 or not op.dims:
+        return None
+    body = op.body
+    if not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    na, nb = _plain(body.a), _plain(body.b)
+    if na is None or nb is None:
+        return None
+    assert isinstance(body.a, Load) and isinstance(body.b, Load)
+    k = op.raxes[0].name
+    sa, sb = set(na), set(nb)
+    if k not in sa or k not in sb:
+        return None
+    batch = (sa & sb) - {k}
+    ia, jb = sa - sb, sb - sa
+    if len(ia) != 1 or len(jb) != 1 or {d.name for d in op.dims} != batch | ia | jb:
+        return None
+    la, lb = body.a, body.b
+    i, j = next(iter(ia)), next(iter(jb))
+    if op.dims[-1].name == i:  # the output's contiguous axis must come from B
+        la, lb, na, nb, i, j = lb, la, nb, na, j, i
+    elif op.dims[-1].name != j:
+        return None
+    operands = op.operands
+    a = next(n for n, v in enumerate(operands) if v is la.tensor)
+    b = next(n for n, v in enumerate(operands) if v is lb.tensor)
+    if a == b:
+        return None
+    batch_order = tuple(d.name for d in op.dims if d.name in batch)
+    return GemmPattern(i, j, k, batch_order, a, b, na.index(i), nb.index(j))
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class GemmSpace:
+    """The schedule space of a GEMM-like compute (see the module docstring)."""
+
+    kind = "gemm"
+
+    def __init__(self, op: ComputeOp, pattern: GemmPattern, target: CpuTarget | None = None):
+        self.op, self.p = op, pattern
+        self.target = target or host_target()
+        ext = {a.name: a.extent for a in op.all_axes}
+        self.m, self.n, self.kk = ext[pattern.i], ext[pattern.j], ext[pattern.k]
+        self.w = self.target.lanes(op.result.dtype)
+        self.params: dict[str, list[Any]] = {
+            "mr": [1, 2, 3, 4, 5, 6, 8, 10, 12, 14],
+            "nv": [1, 2, 3, 4],
+            "mc_tiles": list(range(1, 49)),
+            "kc": list(range(16, 513, 16)),
+            "ku": [1, 2, 4, 8],
+            "pack_a": [0, 1],
+            "parallel": [0, 1],
+        }
+
+    def default(self) -> dict[str, Any]:
+        """The heuristic: 6x16 (AVX2) or 12x32 (AVX-512) micro-kernel, MC x KC of A in L2."""
+        regs = self.target.vector_registers
+        mr, nv = (12, 2) if regs >= 32 else (6, 2)
+        while nv > 1 and (nv - 1) * self.w >= self.n:
+            nv -= 1
+        mr = min(mr, max(1, self.m))
+        if mr not in self.params["mr"]:
+            mr = max(x for x in self.params["mr"] if x <= mr)
+        # K blocks of at most 256, balanced (784 -> 4 x 196, rounded up to 208)
+        kc = min(512, _ceil_to(-(-self.kk // -(-self.kk // 256)), 16))
+        work = self.m * self.n * self.kk
+        parallel = work >= PARALLEL_WORK and self.m > mr
+        # M blocks of at most 24 micro-tiles (A block of MC x KC in L2), balanced, and an even
+        # number of them when parallel so two threads get the same work
+        tiles = -(-self.m // mr)
+        blocks = -(-tiles // 24)
+        if parallel and tiles >= 2:
+            blocks = max(2, blocks + blocks % 2)
+        mc_tiles = min(48, -(-tiles // blocks))
+        ku = next(x for x in (4, 2, 1) if self.kk % x == 0)
+        return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku,
+                "pack_a": 1 if self.m >= 2 * mr and self.kk >= 64 else 0,
+                "parallel": 1 if parallel else 0}
+
+    def is_valid(self, cfg: dict[str, Any]) -> bool:
+        """Registers suffice (accumulators + B vectors + a broadcast) and KC is a multiple
+        of the k unroll."""
+        try:
+            mr, nv, ku, kc = int(cfg["mr"]), int(cfg["nv"]), int(cfg["ku"]), int(cfg["kc"])
+            mct = int(cfg["mc_tiles"])
+        except (KeyError, TypeError, ValueError):
+            return False
+        if any(cfg.get(k) not in v for k, v in self.params.items()):
+            return False
+        if mr * nv + nv + 1 > self.target.vector_registers:
+            return False
+        return kc % ku == 0 and mct >= 1
+
+    def to_schedule(self, cfg: dict[str, Any]) -> Schedule:
+        """The schedule of a parameter dict."""
+        p = self.p
+        mr, nv, kc, ku = int(cfg["mr"]), int(cfg["nv"]), int(cfg["kc"]), int(cfg["ku"])
+        mc = mr * int(cfg["mc_tiles"])
+        nr = nv * self.w
+        splits = [Split(p.i, (mc, mr)), Split(p.j, (nr, self.w) if nv > 1 else (self.w,)),
+                  Split(p.k, (kc, ku))]
+        jl = [f"{p.j}.0", f"{p.j}.1", f"{p.j}.2"] if nv > 1 else [f"{p.j}.0", f"{p.j}.1"]
+        order = [*p.batch, f"{p.i}.0", f"{p.k}.0", jl[0], f"{p.i}.1", f"{p.k}.1",
+                 f"{p.k}.2", f"{p.i}.2", *jl[1:]]
+        unroll = [f"{p.k}.2", f"{p.i}.2", *jl[1:-1]]
+        par = [*p.batch, f"{p.i}.0"] if cfg.get("parallel") else []
+        packs = [Pack(p.b, p.b_dim, nr)]
+        if cfg.get("pack_a"):
+            packs.append(Pack(p.a, p.a_dim, mr))
+        return Schedule(splits=tuple(splits), order=tuple(order), vectorize=jl[-1],
+                        unroll=tuple(unroll), parallel=tuple(par),
+                        cache_write=f"{p.k}.1", pack=tuple(packs))
+
+
+class LoopSpace:
+    """The schedule space of a generic compute (see the module docstring)."""
+
+    kind = "loop"
+
+    def __init__(self, op: ComputeOp, target: CpuTarget | None = None) -> None:
+        self.op = op
+        self.target = target or host_target()
+        self.dims = [a.name for a in op.dims]
+        self.raxes = [a.name for a in op.raxes]
+        self.ext = {a.name: a.extent for a in op.all_axes}
+        w = self.target.lanes(op.result.dtype)
+        axes = [a for a in self.dims + self.raxes if self.ext[a] > 1]
+        self.params: dict[str, list[Any]] = {
+            "vec_axis": ["", *axes],
+            "vec": sorted({1, max(1, w // 2), w, 2 * w}),
+            "nvec": [1, 2, 4, 8, 16, 32, 64],
+            "tile_axis": ["", *[a for a in self.dims if self.ext[a] > 1]],
+            "tile": [1, 2, 3, 4, 6, 8],
+            "kunroll": [1, 2, 4, 8],
+            "parallel": [0, 1],
+        }
+
+    def _score(self, a: str) -> float:
+        """How well vectorizing `a` suits the memory accesses: loads and the store that
+        are contiguous in `a` (last index exactly `a`), weighted, scaled by extent."""
+        s = 0.0
+        if a in self.dims and self.dims[-1] == a:
+            s += 1
+        for ld in self.op.body.walk():
+            if isinstance(ld, Load) and ld.indices:
+                last = ld.indices[-1]
+                if isinstance(last, Index) and last.name == a:
+                    s += 2
+                elif a in index_names(last) and not any(
+                        a in index_names(x) for x in ld.indices[:-1]):
+                    s += 1.5
+                elif any(a in index_names(x) for x in ld.indices):
+                    s -= 1  # a strided access would become a gather
+        w = self.target.lanes(self.op.result.dtype)
+        return s * min(1.0, self.ext[a] / w)
+
+    def default(self) -> dict[str, Any]:
+        """Vectorize the best-scoring axis; register-tile reductions; parallel if big."""
+        w = self.target.lanes(self.op.result.dtype)
+        cands = [a for a in self.params["vec_axis"] if a]
+        best = max(cands, key=lambda a: (self._score(a), a in self.dims), default="")
+        if best and self._score(best) <= 0:
+            best = ""
+        vec = w
+        if best:
+            while vec > 1 and vec // 2 >= self.ext[best]:
+                vec //= 2
+            if vec not in self.params["vec"]:
+                vec = max(x for x in self.params["vec"] if x <= vec)
+        cfg: dict[str, Any] = {"vec_axis": best if vec > 1 else "", "vec": vec if best else 1,
+                               "nvec": 1, "tile_axis": "", "tile": 1, "kunroll": 1,
+                               "parallel": 0}
+        if self.raxes and best in self.dims:
+            if self.ext[best] >= 2 * vec:
+                cfg["nvec"] = 2
+            if self._reduction_is_outer(best):
+                # a column-style reduction: a long accumulator row (in L1) per sweep over
+                # the reduction axis keeps the loads contiguous
+                most = max(1, min(32, self.ext[best] // vec))
+                cfg["nvec"] = max(x for x in self.params["nvec"] if x <= most)
+            # a second output axis whose tile reuses the loads that do not depend on it
+            # (a reused vector load saves more than a reused broadcast)
+            others = [a for a in self.dims if a != best and self.ext[a] >= 2]
+            gain = {a: sum(2 if best in index_names(ld) else 1
+                           for ld in self.op.body.walk()
+                           if isinstance(ld, Load) and a not in index_names(ld))
+                    for a in others}
+            if gain and max(gain.values()) > 0 and cfg["nvec"] <= 4:
+                t = max(others, key=lambda a: (gain[a], self.ext[a]))
+                cfg["tile_axis"] = t
+                want = 8 if cfg["nvec"] == 1 else 4  # about 8 vector accumulators
+                cfg["tile"] = next((x for x in (want, 6, 4, 3, 2)
+                                    if x <= want and self.ext[t] % x == 0), min(want, 4))
+        red = math.prod(self.ext[a] for a in self.raxes)
+        out = math.prod(self.ext[a] for a in self.dims)
+        par_ext = self._parallel_extent(cfg)
+        cfg["parallel"] = 1 if out * red >= PARALLEL_WORK and par_ext > 1 else 0
+        return cfg
+
+    def _reduction_is_outer(self, vaxis: str) -> bool:
+        """Whether every load is contiguous in `vaxis` and indexed by a reduction axis in an
+        outer dimension (column sums): then no output axis besides `vaxis` reuses loads."""
+        lds = [x for x in self.op.body.walk() if isinstance(x, Load)]
+        return bool(lds) and len(self.dims) == 1 and all(
+            x.indices and isinstance(x.indices[-1], Index) and x.indices[-1].name == vaxis
+            and any(r in index_names(i) for i in x.indices[:-1] for r in self.raxes)
+            for x in lds)
+
+    def is_valid(self, cfg: dict[str, Any]) -> bool:
+        """Known values, a register tile that fits the vector registers, distinct axes."""
+        if any(cfg.get(k) not in v for k, v in self.params.items()):
+            return False
+        va, ta = cfg["vec_axis"], cfg["tile_axis"]
+        if ta and ta == va:
+            return False
+        if ta and cfg["tile"] == 1 or not ta and cfg["tile"] != 1:
+            return False
+        if (not va) != (cfg["vec"] == 1):
+            return False
+        if va in self.raxes and (cfg["nvec"] != 1 or cfg["kunroll"] != 1):
+            return False
+        if not self.raxes and (cfg["kunroll"] != 1 or ta):
+            return False
+        nv = cfg["nvec"] if va else 1
+        if nv > 4 and cfg["tile"] != 1:
+            return False  # a long accumulator row is not also tiled
+        w = self.target.lanes(self.op.result.dtype)
+        regs = cfg["tile"] * min(nv, 4) * max(1, cfg["vec"] // w)
+        return regs <= self.target.vector_registers - 2
+
+    def _parallel_extent(self, cfg: dict[str, Any]) -> int:
+        sched = self.to_schedule({**cfg, "parallel": 1})
+        if not sched.parallel:
+            return 1
+        ext = 1
+        for loop in sched.parallel:
+            name, _, lvl = loop.partition(".")
+            sizes = sched.split_of(name)
+            ext *= -(-self.ext[name] // sizes[0]) if sizes and lvl == "0" else self.ext[name]
+        return ext
+
+    def to_schedule(self, cfg: dict[str, Any]) -> Schedule:
+        """The schedule of a parameter dict."""
+        va, vw, nv = cfg.get("vec_axis") or "", int(cfg.get("vec", 1)), int(cfg.get("nvec", 1))
+        ta, tile = cfg.get("tile_axis") or "", int(cfg.get("tile", 1))
+        ku = int(cfg.get("kunroll", 1))
+        splits: list[Split] = []
+        outer: list[str] = []
+        inner: list[str] = []
+        unroll: list[str] = []
+        vec_loop: str | None = None
+        for a in self.dims:
+            if a == va and vw > 1:
+                if nv > 1:
+                    splits.append(Split(a, (nv * vw, vw)))
+                    outer.append(f"{a}.0")
+                    inner += [f"{a}.1", f"{a}.2"]
+                    if nv <= 4:
+                        unroll.append(f"{a}.1")
+                    vec_loop = f"{a}.2"
+                else:
+                    splits.append(Split(a, (vw,)))
+                    outer.append(f"{a}.0")
+                    inner.append(f"{a}.1")
+                    vec_loop = f"{a}.1"
+            elif a == ta and tile > 1:
+                splits.append(Split(a, (tile,)))
+                outer.append(f"{a}.0")
+                inner.insert(0, f"{a}.1")
+                unroll.append(f"{a}.1")
+            else:
+                outer.append(a)
+        red: list[str] = []
+        for n, r in enumerate(self.raxes):
+            if r == va and vw > 1:
+                splits.append(Split(r, (vw,)))
+                red.append(f"{r}.0")
+                inner.append(f"{r}.1")
+                vec_loop = f"{r}.1"
+            elif n == len(self.raxes) - 1 and ku > 1:
+                splits.append(Split(r, (ku,)))
+                red += [f"{r}.0", f"{r}.1"]
+                unroll.append(f"{r}.1")
+            else:
+                red.append(r)
+        order = outer + red + inner
+        par: list[str] = []
+        if cfg.get("parallel"):
+            total = 1
+            for loop in outer:
+                name, _, lvl = loop.partition(".")
+                sizes = next((s.sizes for s in splits if s.axis == name), ())
+                par.append(loop)
+                total *= -(-self.ext[name] // sizes[0]) if sizes and lvl == "0" else (
+                    self.ext[name])
+                if total >= 64:
+                    break
+        return Schedule(splits=tuple(splits), order=tuple(order), vectorize=vec_loop,
+                        unroll=tuple(unroll), parallel=tuple(par),
+                        cache_write=red[0] if red else None)
+
+
+def schedule_space(op: ComputeOp, target: CpuTarget | None = None) -> GemmSpace | LoopSpace:
+    """The schedule space of a compute: the GEMM template when the pattern matches."""
+    p = match_gemm(op)
+    return GemmSpace(op, p, target) if p is not None else LoopSpace(op, target)
+
+
+def default_schedule(op: ComputeOp, target: CpuTarget | None = None) -> Schedule:
+    """The heuristic schedule of a compute."""
+    space = schedule_space(op, target)
+    return space.to_schedule(space.default())
+
+
+__all__ = ["SCHEDULE_VERSION", "GemmPattern", "GemmSpace", "LoopSpace", "default_schedule",
+           "match_gemm", "schedule_space"]
