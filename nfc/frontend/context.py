@@ -1,0 +1,190 @@
+"""State shared while elaborating one function: bindings, emitted ops, diagnostics.
+
+Error recovery works per statement: a statement that fails records its diagnostics and binds
+its targets to POISON; any later use of a poisoned name aborts that statement silently
+(`Poisoned`), so one mistake yields one message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from nfc.diagnostics import CompileError, Diagnostic, error, note
+from nfc.frontend import ast
+from nfc.frontend.limits import MAX_UNROLLED
+from nfc.frontend.shapes import CTValue, format_tensor_type, names_in, with_bindings
+from nfc.ir import ComputeOp, DType, Load, Loc, Op, Value
+
+if TYPE_CHECKING:
+    from nfc.frontend.loader import ModuleScope
+
+
+@dataclass
+class TensorInfo:
+    """A name bound to a tensor value, with what a diagnostic needs to say about it."""
+
+    value: Value
+    name: str
+    decl_loc: Loc | None
+    decl_text: str
+    decl_type: ast.TypeExpr | None = None
+    values: dict[str, CTValue] | None = None
+    """The declared type and the values of its variables, to show the relevant ones."""
+
+    def describe(self, dim: int | None = None) -> str:
+        """`f32[B, C, H, W] with H = 30`: the declaration, with the variables of `dim`."""
+        if self.decl_type is None or self.values is None:
+            return self.decl_text
+        dims = self.decl_type.dims
+        names = names_in(dims[dim]) if dim is not None and dim < len(dims) else None
+        text = with_bindings(self.decl_type, self.values, names)
+        return text.replace(self.decl_type.dtype, str(self.value.dtype), 1)
+
+    @staticmethod
+    def local(value: Value, name: str, loc: Loc | None) -> TensorInfo:
+        """A tensor computed by a statement."""
+        return TensorInfo(value, name, loc, format_tensor_type(value.type))
+
+
+@dataclass(frozen=True)
+class CT:
+    """A name bound to a compile-time value."""
+
+    value: CTValue
+
+
+@dataclass(frozen=True)
+class DTypeB:
+    """A dtype variable bound at a call (`T = f32`); usable as a cast `T(x)`."""
+
+    dtype: DType
+
+
+class Poison:
+    """A name whose definition failed."""
+
+
+POISON = Poison()
+Binding = TensorInfo | CT | DTypeB | Poison
+
+
+class Poisoned(Exception):
+    """A poisoned name was used: abort the statement without a new diagnostic."""
+
+
+class Fatal(Exception):
+    """A limit was exceeded: stop elaborating altogether."""
+
+    def __init__(self, err: CompileError) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
+def shorten(name: str) -> str:
+    """A name as quoted in a message (very long ones are cut)."""
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
+class Env:
+    """The names visible in a model body or in one inlined op call."""
+
+    def __init__(self, scope: ModuleScope, training: bool) -> None:
+        self.vars: dict[str, Binding] = {}
+        self.scope = scope
+        self.training = training
+
+    def get(self, name: str) -> Binding | None:
+        """The binding of `name`, the builtin `training` included; None when unknown."""
+        b = self.vars.get(name)
+        if b is None and name == "training":
+            return CT(self.training)
+        return b
+
+    def unknown(self, name: str, loc: Loc, extra: list[str] | None = None,
+                what: str = "name") -> CompileError:
+        """An 'unknown name' error with a suggestion; the name is poisoned afterwards."""
+        if self.scope.incomplete or self.vars.get(name) is POISON:
+            raise Poisoned  # an import failed, or the name was reported already
+        cands = [*self.vars, "training", *(extra or [])]
+        self.vars[name] = POISON
+        sugg = difflib.get_close_matches(name, cands, 1) if len(name) < 100 else []
+        hint = f"; did you mean '{sugg[0]}'?" if sugg else ""
+        return error(f"unknown {what} '{shorten(name)}'{hint}", loc)
+
+
+@dataclass
+class Ctx:
+    """Everything elaboration of one function accumulates."""
+
+    training: bool
+    ops: list[Op] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    loads: dict[int, tuple[Load, ast.Subscript, TensorInfo]] = field(default_factory=dict)
+    calls: list[tuple[str, Loc]] = field(default_factory=list)
+    active: list[object] = field(default_factory=list)
+    ticks: int = 0
+    salt: int = 0
+    _seen: set[tuple[str, Loc | None]] = field(default_factory=set)
+
+    @property
+    def callsite(self) -> str | None:
+        """`file:line:col` of the outermost op call being inlined (None outside calls)."""
+        return str(self.calls[0][1]) if self.calls else None
+
+    def emit(self, op: Op) -> None:
+        """Append an op to the function body, recording the call site of inlined ops."""
+        site = self.callsite
+        if site is not None:
+            op.attrs["nf.callsite"] = site
+        self.ops.append(op)
+
+    def tick(self, loc: Loc) -> None:
+        """Count one elaborated statement; refuse runaway unrolling."""
+        self.ticks += 1
+        if self.ticks > MAX_UNROLLED:
+            raise Fatal(error(f"more than {MAX_UNROLLED} statements after unrolling loops and "
+                              "inlining ops", loc))
+
+    def call_notes(self) -> list[Diagnostic]:
+        """Notes pointing at the op calls being inlined, innermost first."""
+        return [note(f"in op '{name}' called here", loc) for name, loc in reversed(self.calls)]
+
+    def report(self, err: CompileError, with_calls: bool = True) -> None:
+        """Record the diagnostics of `err` (deduplicated by message and location)."""
+        extra = tuple(self.call_notes()) if with_calls else ()
+        for d in err.diagnostics:
+            key = (d.message, d.loc)
+            if key in self._seen or len(self.diagnostics) >= 100:
+                continue
+            self._seen.add(key)
+            self.diagnostics.append(replace(d, notes=d.notes + extra) if extra else d)
+
+    def record_load(self, ld: Load, access: ast.Subscript, info: TensorInfo) -> None:
+        """Remember where a load came from, to locate bounds violations."""
+        self.loads[id(ld)] = (ld, access, info)
+
+    def check_bounds(self, op: ComputeOp) -> None:
+        """Report every access of `op` that may leave its tensor (nfc.bounds.check_bounds)."""
+        from nfc.bounds import check_bounds
+
+        for v in check_bounds(op):
+            found = self.loads.get(id(v.load))
+            if found is None or found[0] is not v.load:
+                found = next((x for x in self.loads.values() if x[0] == v.load), None)
+            if found is None:  # an access the frontend built itself: a frontend bug
+                raise AssertionError(f"unlocated bounds violation {v} in {op}")
+            _, access, info = found
+            index = access.indices[v.dim] if v.dim < len(access.indices) else access
+            if v.lo is None or v.hi is None:
+                msg = (f"cannot bound access '{access.name}' dimension {v.dim} (size {v.size});"
+                       f" guard it, e.g. `{access.name}[...] if 0 <= i < {v.size} else 0.0`")
+            elif v.hi >= v.size:
+                msg = (f"access '{access.name}' dimension {v.dim} can reach {v.hi} but the "
+                       f"tensor has size {v.size}")
+            else:
+                msg = (f"access '{access.name}' dimension {v.dim} can reach {v.lo} but indices "
+                       "start at 0")
+            self.report(error(msg, index.loc, note(f"'{info.name}' declared here as "
+                                                   f"{info.describe(v.dim)}", info.decl_loc)))

@@ -1,0 +1,432 @@
+"""Lowering of expressions: element expressions (inside comprehensions) and whole-tensor
+expressions (tensor-level statements), with reductions hoisted into their own computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nfc.diagnostics import CompileError, Diagnostic, error, note
+from nfc.frontend import ast, scalars
+from nfc.frontend.context import CT, Ctx, DTypeB, Env, Poison, Poisoned, TensorInfo
+from nfc.frontend.limits import check_elements
+from nfc.frontend.ranges import Range, RangeTable, explicit, infer
+from nfc.frontend.scalars import SV, STy, default_dtype
+from nfc.frontend.shapes import DTYPES, CTValue, eval_ct, eval_int, format_ct
+from nfc.frontend.tensors import TV, elementwise, reshape_body, transpose_body
+from nfc.ir import (
+    Axis,
+    Binary,
+    ComputeOp,
+    Const,
+    DType,
+    Expr,
+    Index,
+    Load,
+    Loc,
+    Select,
+    TensorType,
+    Unary,
+    index_names,
+)
+
+IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
+BUILTINS = ("reshape", "transpose")
+
+
+@dataclass
+class Scope:
+    """Index variables visible in an element expression, and the guards around it."""
+
+    names: dict[str, tuple[Expr, str]]  # surface name -> (index expression, IR name)
+    order: list[Axis]                   # every index in scope, outermost first
+    guards: list[Expr]
+    ranges: RangeTable
+    used: set[str] = field(default_factory=set)
+
+    def child(self) -> Scope:
+        """A nested scope (a reduction body)."""
+        return Scope(dict(self.names), list(self.order), list(self.guards), self.ranges,
+                     self.used)
+
+    def bind(self, name: str, rng: Range) -> Axis:
+        """Introduce index `name`; its IR name is unique within the statement."""
+        ir_name = name
+        n = 1
+        while ir_name in self.used:
+            ir_name = f"{name}_{n}"
+            n += 1
+        self.used.add(ir_name)
+        ex: Expr = Index(ir_name)
+        if rng.lo:
+            ex = Binary("+", ex, Const(rng.lo))
+        self.names[name] = (ex, ir_name)
+        axis = Axis(ir_name, rng.extent)
+        self.order.append(axis)
+        return axis
+
+
+class Lowering:
+    """Expression lowering; the elaborator supplies `call_op` for op calls."""
+
+    env: Env
+    ctx: Ctx
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def ct_lookup(self, name: str, loc: Loc) -> CTValue:
+        """Lookup for eval_ct in the current environment."""
+        b = self.env.get(name)
+        if isinstance(b, CT):
+            return b.value
+        if isinstance(b, Poison):
+            raise Poisoned
+        if b is None:
+            raise self.env.unknown(name, loc)
+        raise error(f"'{name}' is not a compile-time value", loc)
+
+    def ct_int(self, e: ast.Expr, what: str) -> int:
+        """A compile-time integer expression."""
+        return eval_int(e, self.ct_lookup, what)
+
+    def tensor_info(self, name: str, loc: Loc) -> TensorInfo:
+        """The tensor bound to `name`, or a diagnostic."""
+        b = self.env.get(name)
+        if isinstance(b, TensorInfo):
+            return b
+        if isinstance(b, Poison):
+            raise Poisoned
+        if b is None:
+            raise self.env.unknown(name, loc, self.env.scope.op_names())
+        if isinstance(b, CT):
+            raise error(f"'{name}' is a compile-time value ({format_ct(b.value)}), not a "
+                        "tensor", loc)
+        raise error(f"'{name}' is a dtype, not a tensor", loc)
+
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
+        """Shape of the tensor named `name`, None if it is not a tensor."""
+        b = self.env.get(name)
+        return b.value.shape if isinstance(b, TensorInfo) else None
+
+    def dtype_named(self, name: str) -> DType | None:
+        """The dtype a cast named `name` converts to, None if `name` is no dtype."""
+        if name in DTYPES:
+            return DTYPES[name]
+        b = self.env.get(name)
+        return b.dtype if isinstance(b, DTypeB) else None
+
+    def unknown_callee(self, call: ast.Call) -> CompileError:
+        """An unknown function name with a suggestion."""
+        cands = [*scalars.INTRINSIC_ARITY, *DTYPES, *BUILTINS, *self.env.scope.op_names()]
+        return self.env.unknown(call.fn, call.fn_loc, cands, what="op or function")
+
+    def arity(self, call: ast.Call, n: int) -> None:
+        """Check the number of arguments of an intrinsic or cast."""
+        if len(call.args) != n:
+            hint = ""
+            if call.fn in ("max", "min") and all(isinstance(a, ast.Name) for a in call.args):
+                hint = (f"; a reduction `{call.fn}(j) body` needs its body on the same line, "
+                        f"and the body cannot start with '-' (write `{call.fn}(j) (-x[j])`)")
+            raise error(f"'{call.fn}' takes {n} argument{'s' * (n != 1)} but "
+                        f"{len(call.args)} {'were' if len(call.args) != 1 else 'was'} "
+                        f"given{hint}", call.loc)
+
+    # ---- element expressions ------------------------------------------------------------
+
+    def scalar(self, e: ast.Expr, sc: Scope) -> SV:
+        """Lower an element expression."""
+        if isinstance(e, ast.Num | ast.Bool):
+            return scalars.const(e.value)
+        if isinstance(e, ast.Name):
+            if e.id in sc.names:
+                return SV(sc.names[e.id][0], scalars.WEAK_INT)
+            b = self.env.get(e.id)
+            if isinstance(b, CT):
+                if isinstance(b.value, tuple):
+                    raise error(f"'{e.id}' is a list; it cannot be used in an expression",
+                                e.loc)
+                return scalars.const(b.value)
+            if isinstance(b, TensorInfo):
+                if b.value.type.rank:
+                    raise error(f"tensor '{e.id}' of rank {b.value.type.rank} needs "
+                                "subscripts here", e.loc)
+                return self.load(ast.Subscript(e.loc, e.id, e.loc, ()), b, [])
+            if isinstance(b, Poison):
+                raise Poisoned
+            if b is None:
+                raise self.env.unknown(e.id, e.loc, list(sc.names))
+            raise error(f"'{e.id}' is a dtype; use it as a cast `{e.id}(x)`", e.loc)
+        if isinstance(e, ast.Subscript):
+            if e.name in sc.names:
+                raise error(f"'{e.name}' is an index, not a tensor", e.name_loc)
+            info = self.tensor_info(e.name, e.name_loc)
+            indices = []
+            for ix in e.indices:
+                v = self.scalar(ix, sc)
+                if v.ty.kind != "int":
+                    what = (f"float tensor '{ix.name}'" if isinstance(ix, ast.Subscript)
+                            and v.ty.kind == "float" else f"a {v.ty} value")
+                    raise error(f"{what} cannot be used as an index; indices must be "
+                                "integers", ix.loc)
+                scalars.check_index_expr(v.expr, ix.loc)
+                indices.append(v.expr)
+            return self.load(e, info, indices)
+        if isinstance(e, ast.Call):
+            return self.scalar_call(e, sc)
+        if isinstance(e, ast.Reduce):
+            return self.hoist(e, sc)
+        if isinstance(e, ast.BinOp):
+            return scalars.binop(e.op, self.scalar(e.a, sc), self.scalar(e.b, sc), e.loc)
+        if isinstance(e, ast.BoolOp):
+            return scalars.logic(e.op, self.scalar(e.a, sc), self.scalar(e.b, sc), e.loc)
+        if isinstance(e, ast.Compare):
+            return self.chain(e, [self.scalar(x, sc) for x in e.operands])
+        if isinstance(e, ast.Unary):
+            x = self.scalar(e.x, sc)
+            return scalars.negate(x, e.loc) if e.op == "neg" else scalars.logical_not(x, e.loc)
+        if isinstance(e, ast.IfExp):
+            c = self.scalar(e.cond, sc)
+            if c.const is not None:
+                return self.scalar(e.a if c.const else e.b, sc)
+            inner = sc.child()
+            inner.guards.append(c.expr)
+            a = self.scalar(e.a, inner)
+            inner = sc.child()
+            inner.guards.append(Unary("not", c.expr))
+            b = self.scalar(e.b, inner)
+            return scalars.select(c, a, b, e.loc)
+        raise error("a range or a list is not allowed here", e.loc)
+
+    def chain(self, e: ast.Compare, vals: list[SV]) -> SV:
+        """`a < b <= c` is `a < b and b <= c`."""
+        out: SV | None = None
+        for k, op in enumerate(e.ops):
+            c = scalars.compare(op, vals[k], vals[k + 1], e.loc)
+            out = c if out is None else scalars.logic("and", out, c, e.loc)
+        assert out is not None
+        return out
+
+    def load(self, e: ast.Subscript, info: TensorInfo, indices: list[Expr]) -> SV:
+        """A located load of `info` (rank checked)."""
+        rank = info.value.type.rank
+        if len(indices) != rank:
+            raise error(f"'{e.name}' has rank {rank} but is indexed with {len(indices)} "
+                        f"subscript{'s' * (len(indices) != 1)}", e.loc,
+                        *_decl_note(info))
+        ld = Load(info.value, tuple(indices))
+        self.ctx.record_load(ld, e, info)
+        return SV(ld, scalars.sty(info.value.dtype))
+
+    def scalar_call(self, e: ast.Call, sc: Scope) -> SV:
+        """Intrinsics and casts inside element expressions."""
+        if e.targs and e.fn not in BUILTINS and self.env.scope.lookup_op(e.fn, e.fn_loc) is None:
+            raise error(f"'{e.fn}' takes no compile-time arguments", e.loc)
+        if e.fn in scalars.INTRINSIC_ARITY:
+            self.arity(e, scalars.INTRINSIC_ARITY[e.fn])
+            return scalars.intrinsic(e.fn, [self.scalar(a, sc) for a in e.args], e.loc)
+        dt = self.dtype_named(e.fn)
+        if dt is not None:
+            self.arity(e, 1)
+            return scalars.cast(dt, self.scalar(e.args[0], sc), e.loc)
+        if e.fn in BUILTINS or self.env.scope.lookup_op(e.fn, e.fn_loc) is not None:
+            raise error(f"'{e.fn}' works on whole tensors and cannot be called inside an "
+                        f"element expression; assign its result first (`t = {e.fn}(...)`) and "
+                        "index that", e.loc)
+        raise self.unknown_callee(e)
+
+    # ---- reductions ---------------------------------------------------------------------
+
+    def reduction(self, e: ast.Reduce, sc: Scope) -> tuple[list[Axis], SV, Scope]:
+        """Bind the reduction's indices and lower its body; directly nested reductions of the
+        same kind (`sum(i) sum(j) x`) merge into one."""
+        inner = sc.child()
+        axes: list[Axis] = []
+        body: ast.Expr = e
+        while isinstance(body, ast.Reduce) and body.op == e.op:
+            for ri in body.indices:
+                axes.append(inner.bind(ri.name, sc.ranges[(id(body), ri.name)]))
+            body = body.body
+        sv = self.scalar(body, inner)
+        if sv.ty.kind == "bool":
+            raise error(f"'{e.op}' of booleans; convert them with i32(...) or f32(...)", e.loc)
+        if sv.ty.dtype is None:
+            sv = scalars.coerce(sv, STy(sv.ty.kind, default_dtype(sv.ty)), e.loc)
+        return axes, sv, inner
+
+    def hoist(self, e: ast.Reduce, sc: Scope) -> SV:
+        """A reduction inside a larger expression becomes its own compute, over the enclosing
+        indices it uses; enclosing guards go with it so that guarded accesses stay guarded."""
+        axes, body, _ = self.reduction(e, sc)
+        guard: Expr | None = None
+        for g in sc.guards:
+            guard = g if guard is None else Binary("and", guard, g)
+        used = index_names(body.expr) | (index_names(guard) if guard is not None else set())
+        dims = tuple(a for a in sc.order if a.name in used)
+        expr = body.expr
+        assert body.ty.dtype is not None
+        if guard is not None:
+            ident = IDENTITY[e.op]
+            if body.ty.dtype.is_int and isinstance(ident, float):
+                import numpy as np
+
+                info = np.iinfo(body.ty.dtype.numpy)
+                ident = int(info.min if e.op == "max" else info.max)
+            expr = Select(guard, expr, Const(ident if body.ty.dtype.is_int else float(ident)))
+        op = ComputeOp(TensorType(tuple(a.extent for a in dims), body.ty.dtype), dims, expr,
+                       reduce=e.op, raxes=tuple(axes), loc=e.loc)
+        self.ctx.emit(op)
+        self.ctx.check_bounds(op)
+        return SV(Load(op.result, tuple(Index(a.name) for a in dims)), body.ty)
+
+    # ---- comprehensions -----------------------------------------------------------------
+
+    def comprehension(self, stmt: ast.Node, lhs: list[ast.LhsIndex], value: ast.Expr,
+                      declared: TensorType | None, name: str, loc: Loc) -> ComputeOp:
+        """One compute for `name[lhs] = value` (reductions inside are hoisted)."""
+        fixed: list[tuple[str, ast.Node, Range | None]] = []
+        if declared is not None and len(lhs) != declared.rank:
+            raise error(f"'{name}' is declared with rank {declared.rank} but assigned with "
+                        f"{len(lhs)} indices", loc)
+        for k, ix in enumerate(lhs):
+            rng = None
+            if ix.lo is not None and ix.hi is not None:
+                rng = explicit(ix.lo, ix.hi, ix.name, ix, self.ct_int)
+                if declared is not None and rng.extent != declared.shape[k]:
+                    raise error(f"index '{ix.name}' ranges over {rng.extent} values but "
+                                f"dimension {k} of '{name}' has size {declared.shape[k]}",
+                                ix.loc)
+            elif declared is not None:
+                rng = Range(0, declared.shape[k])
+            fixed.append((ix.name, ix, rng))
+        table = infer(stmt, fixed, value, self.shape_of, self.ct_int)
+        sc = Scope({}, [], [], table)
+        dims = tuple(sc.bind(ix.name, table[(id(stmt), ix.name)]) for ix in lhs)
+        shape = tuple(a.extent for a in dims)
+        check_elements(shape, f"'{name}'", loc)
+        reduce, raxes = None, ()
+        if isinstance(value, ast.Reduce):
+            axes, body, _ = self.reduction(value, sc)
+            reduce, raxes = value.op, tuple(axes)
+        else:
+            body = self.scalar(value, sc)
+        if declared is not None:
+            body = scalars.coerce(body, scalars.sty(declared.dtype), value.loc)
+        dtype = default_dtype(body.ty)
+        op = ComputeOp(TensorType(shape, dtype), dims, body.expr, reduce=reduce, raxes=raxes,
+                       loc=loc, name=name)
+        return op
+
+    # ---- whole-tensor expressions -------------------------------------------------------
+
+    def tensor(self, e: ast.Expr) -> TV | tuple[TV, ...]:
+        """Lower a tensor-level expression; op calls with several results give a tuple."""
+        if isinstance(e, ast.Call) and e.fn not in scalars.INTRINSIC_ARITY \
+                and self.dtype_named(e.fn) is None:
+            if e.fn in BUILTINS:
+                return self.builtin(e)
+            if self.env.scope.lookup_op(e.fn, e.fn_loc) is not None:
+                results = self.call_op(e)
+                if len(results) == 1:
+                    return TV.of(results[0].value)
+                return tuple(TV.of(r.value) for r in results)
+            raise self.unknown_callee(e)
+        return self.tv(e)
+
+    def tv(self, e: ast.Expr) -> TV:
+        """A tensor-level expression with exactly one value."""
+        if isinstance(e, ast.Num | ast.Bool):
+            return TV.scalar(scalars.const(e.value))
+        if isinstance(e, ast.Name):
+            b = self.env.get(e.id)
+            if isinstance(b, TensorInfo):
+                return TV.of(b.value)
+            if isinstance(b, CT) and isinstance(b.value, tuple):
+                raise error(f"'{e.id}' is a list; it cannot be used in an expression", e.loc)
+            if isinstance(b, CT):
+                return TV.scalar(scalars.const(b.value))
+            if isinstance(b, Poison):
+                raise Poisoned
+            if b is None:
+                raise self.env.unknown(e.id, e.loc, self.env.scope.op_names())
+            raise error(f"'{e.id}' is a dtype; use it as a cast `{e.id}(x)`", e.loc)
+        if isinstance(e, ast.Subscript):
+            for ix in e.indices:
+                if isinstance(ix, ast.Name) and self.env.get(ix.id) is None:
+                    raise error(f"unknown name '{ix.id}': index variables exist only in "
+                                f"comprehensions (`t[{ix.id}, ...] = ...`) and reductions",
+                                ix.loc)
+        if isinstance(e, ast.Subscript | ast.Reduce):
+            sc = Scope({}, [], [], infer(e, [], e, self.shape_of, self.ct_int))
+            sv = self.scalar(e, sc)
+            if isinstance(sv.expr, Load) and not sv.expr.indices:
+                return TV.of(sv.expr.tensor)
+            return TV.scalar(sv)
+        if isinstance(e, ast.Call):
+            if e.fn in scalars.INTRINSIC_ARITY or self.dtype_named(e.fn) is not None:
+                return self.tensor_intrinsic(e)
+            out = self.tensor(e)
+            if isinstance(out, tuple):
+                raise error(f"op '{e.fn}' returns {len(out)} results; assign them to as many "
+                            f"names (`a, b = {e.fn}(...)`)", e.loc)
+            return out
+        if isinstance(e, ast.BinOp):
+            a, b = self.tv(e.a), self.tv(e.b)
+            return elementwise([a, b], lambda v: scalars.binop(e.op, v[0], v[1], e.loc), e.loc,
+                               f"'{e.op}'")
+        if isinstance(e, ast.BoolOp):
+            a, b = self.tv(e.a), self.tv(e.b)
+            return elementwise([a, b], lambda v: scalars.logic(e.op, v[0], v[1], e.loc), e.loc,
+                               f"'{e.op}'")
+        if isinstance(e, ast.Compare):
+            ops = [self.tv(x) for x in e.operands]
+            return elementwise(ops, lambda v: self.chain(e, v), e.loc, "a comparison")
+        if isinstance(e, ast.Unary):
+            x = self.tv(e.x)
+            fn = scalars.negate if e.op == "neg" else scalars.logical_not
+            return elementwise([x], lambda v: fn(v[0], e.loc), e.loc, e.op)
+        if isinstance(e, ast.IfExp):
+            c = self.tv(e.cond)
+            if c.const is not None:
+                if not isinstance(c.const, bool):
+                    raise error("the condition of 'if' must be a boolean", e.cond.loc)
+                return self.tv(e.a if c.const else e.b)
+            a, b = self.tv(e.a), self.tv(e.b)
+            return elementwise([c, a, b], lambda v: scalars.select(v[0], v[1], v[2], e.loc),
+                               e.loc, "'if'")
+        raise error("a range or a list is not allowed here", e.loc)
+
+    def tensor_intrinsic(self, e: ast.Call) -> TV:
+        """Intrinsics and casts applied elementwise to whole tensors."""
+        dt = self.dtype_named(e.fn)
+        if dt is not None:
+            self.arity(e, 1)
+            return elementwise([self.tv(e.args[0])], lambda v: scalars.cast(dt, v[0], e.loc),
+                               e.loc, e.fn)
+        self.arity(e, scalars.INTRINSIC_ARITY[e.fn])
+        args = [self.tv(a) for a in e.args]
+        return elementwise(args, lambda v: scalars.intrinsic(e.fn, v, e.loc), e.loc,
+                           f"'{e.fn}'")
+
+    def builtin(self, e: ast.Call) -> TV:
+        """`reshape<[dims]>(x)` and `transpose<[perm]>(x)`."""
+        if len(e.targs) != 1 or e.targs[0].name not in (None, "shape", "perm"):
+            raise error(f"'{e.fn}' takes one list of compile-time integers: "
+                        f"`{e.fn}<[...]>(x)`", e.loc)
+        self.arity(e, 1)
+        value = eval_ct(e.targs[0].value, self.ct_lookup)
+        if not isinstance(value, tuple):
+            raise error(f"'{e.fn}' needs a list `[...]`, found {format_ct(value)}",
+                        e.targs[0].loc)
+        src = self.tv(e.args[0])
+        if e.fn == "reshape":
+            return reshape_body(src, value, e.loc)
+        return transpose_body(src, value, e.loc)
+
+    def call_op(self, e: ast.Call) -> list[TensorInfo]:
+        """Inline an op call (implemented by the elaborator)."""
+        raise NotImplementedError
+
+
+def _decl_note(info: TensorInfo) -> list[Diagnostic]:
+    return [note(f"'{info.name}' declared here as {info.decl_text}", info.decl_loc)]
+

@@ -1,0 +1,315 @@
+"""Typing rules of scalar expressions, building IR expressions (nfc.ir) as they check.
+
+A value is an `SV`: an IR expression with a scalar type `STy`. Literals, index variables and
+compile-time values are *weak*: they take the type of their context (`x[i] * 2` is f32). Two
+strong operands must have the same dtype; a float literal never becomes an integer. Operations
+on weak constants fold at compile time with Python semantics (`//` and `%` floor).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nfc.diagnostics import error
+from nfc.frontend.limits import MAX_CT_INT
+from nfc.ir import Binary, Call, Cast, Const, DType, Expr, Index, Load, Loc, Select, Unary
+
+
+@dataclass(frozen=True)
+class STy:
+    """A scalar type: kind (`int`, `float`, `bool`) and dtype, None while weak."""
+
+    kind: str
+    dtype: DType | None = None
+
+    def __str__(self) -> str:
+        if self.dtype is not None:
+            return str(self.dtype)
+        return {"int": "integer", "float": "float", "bool": "boolean"}[self.kind]
+
+
+WEAK_INT = STy("int")
+WEAK_FLOAT = STy("float")
+BOOL = STy("bool", DType.I1)
+
+
+def sty(dtype: DType) -> STy:
+    """The strong scalar type of a dtype."""
+    if dtype is DType.I1:
+        return BOOL
+    return STy("float" if dtype.is_float else "int", dtype)
+
+
+def default_dtype(t: STy) -> DType:
+    """The dtype a weak type takes when nothing else decides it."""
+    if t.dtype is not None:
+        return t.dtype
+    return {"int": DType.I32, "float": DType.F32, "bool": DType.I1}[t.kind]
+
+
+@dataclass(frozen=True)
+class SV:
+    """A typed scalar expression."""
+
+    expr: Expr
+    ty: STy
+
+    @property
+    def const(self) -> int | float | bool | None:
+        """The value of a weak literal, else None."""
+        if isinstance(self.expr, Const) and self.ty.dtype is None:
+            return self.expr.value
+        return None
+
+
+def const(value: int | float | bool) -> SV:
+    """A weak literal."""
+    if isinstance(value, bool):
+        return SV(Const(value), STy("bool"))
+    if isinstance(value, int):
+        if abs(value) > MAX_CT_INT:
+            raise OverflowError
+        return SV(Const(value), WEAK_INT)
+    return SV(Const(float(value)), WEAK_FLOAT)
+
+
+def _ct(value: int | float | bool, loc: Loc) -> SV:
+    try:
+        return const(value)
+    except OverflowError:
+        raise error("compile-time integer is too large", loc) from None
+
+
+def coerce(v: SV, target: STy, loc: Loc) -> SV:
+    """`v` converted to `target` when that loses nothing; else a diagnostic."""
+    if v.ty == target:
+        return v
+    if v.ty.kind == "bool" or target.kind == "bool":
+        if v.ty.kind == target.kind:
+            return SV(v.expr, target if target.dtype else v.ty)
+        raise error(f"expected a {target} value, found a {v.ty} one", loc)
+    if v.ty.dtype is not None:
+        if target.dtype is None and v.ty.kind == target.kind:
+            return v
+        if target.dtype is None and target.kind == "float":
+            raise error(f"{v.ty} value used where a float is expected; cast it with f32(...)",
+                        loc)
+        raise error(f"type mismatch: {v.ty} and {target}; convert with a cast such as "
+                    f"{target.dtype or 'f32'}(...)", loc)
+    # v is weak
+    if v.ty.kind == target.kind:
+        return SV(v.expr, target)
+    if v.ty.kind == "int" and target.kind == "float":
+        if isinstance(v.expr, Const):
+            return SV(Const(float(v.expr.value)), target)
+        raise error(f"integer index expression used as a {target} value; cast it with "
+                    f"{target.dtype or 'f32'}(...)", loc)
+    raise error(f"float value used where an integer is expected ({target})", loc)
+
+
+def unify(a: SV, b: SV, loc: Loc) -> tuple[SV, SV]:
+    """Bring two operands to one type."""
+    if a.ty.dtype is not None and b.ty.dtype is not None:
+        if a.ty.dtype != b.ty.dtype:
+            raise error(f"type mismatch: {a.ty} and {b.ty}; convert one with a cast such as "
+                        f"{a.ty.dtype}(...)", loc)
+        return a, b
+    if a.ty.dtype is not None:
+        return a, coerce(b, a.ty, loc)
+    if b.ty.dtype is not None:
+        return coerce(a, b.ty, loc), b
+    if a.ty.kind == b.ty.kind:
+        return a, b
+    if "bool" in (a.ty.kind, b.ty.kind):
+        raise error(f"type mismatch: {a.ty} and {b.ty}", loc)
+    return coerce(a, WEAK_FLOAT, loc), coerce(b, WEAK_FLOAT, loc)
+
+
+def _fold_arith(op: str, x: float | int, y: float | int, loc: Loc) -> SV:
+    try:
+        if op == "+":
+            r = x + y
+        elif op == "-":
+            r = x - y
+        elif op == "*":
+            r = x * y
+        elif op == "/":
+            r = x / y
+        elif op == "//":
+            r = x // y
+        else:
+            r = x % y
+    except ZeroDivisionError:
+        raise error("division by zero in a compile-time expression", loc) from None
+    except OverflowError:
+        raise error("compile-time value is too large", loc) from None
+    if isinstance(r, float) and not math.isfinite(r):
+        raise error("compile-time value is not finite", loc)
+    return _ct(r, loc)
+
+
+def binop(op: str, a: SV, b: SV, loc: Loc) -> SV:
+    """An arithmetic operator `+ - * / // %`."""
+    for v in (a, b):
+        if v.ty.kind == "bool":
+            raise error(f"operator '{op}' needs numbers, found a boolean", loc)
+    x, y = a.const, b.const
+    if x is not None and y is not None:
+        return _fold_arith(op, x, y, loc)  # type: ignore[arg-type]
+    a, b = unify(a, b, loc)
+    if op == "/" and a.ty.kind == "int":
+        raise error("'/' divides floats; use '//' for integer (floor) division", loc)
+    return SV(Binary(op, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
+
+
+def compare(op: str, a: SV, b: SV, loc: Loc) -> SV:
+    """A comparison; the result is a boolean."""
+    x, y = a.const, b.const
+    if x is not None and y is not None:
+        ops = {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y, "==": x == y, "!=": x != y}
+        return const(bool(ops[op]))
+    a, b = unify(a, b, loc)
+    if a.ty.kind == "bool" and op not in ("==", "!="):
+        raise error(f"operator '{op}' needs numbers, found booleans", loc)
+    return SV(Binary(op, a.expr, b.expr), BOOL)
+
+
+def logic(op: str, a: SV, b: SV, loc: Loc) -> SV:
+    """`and` / `or` on booleans."""
+    for v in (a, b):
+        if v.ty.kind != "bool":
+            raise error(f"operand of '{op}' must be a boolean, found {v.ty}", loc)
+    x, y = a.const, b.const
+    if x is not None and y is not None:
+        return const(bool(x and y) if op == "and" else bool(x or y))
+    if x is not None:  # constant operand: simplify
+        if op == "and":
+            return b if x else const(False)
+        return const(True) if x else b
+    return SV(Binary(op, a.expr, b.expr), BOOL)
+
+
+def negate(a: SV, loc: Loc) -> SV:
+    """Arithmetic negation."""
+    if a.ty.kind == "bool":
+        raise error("cannot negate a boolean; use 'not'", loc)
+    if a.const is not None:
+        return _ct(-a.const, loc)
+    return SV(Unary("neg", a.expr), a.ty)
+
+
+def logical_not(a: SV, loc: Loc) -> SV:
+    """`not a`."""
+    if a.ty.kind != "bool":
+        raise error(f"operand of 'not' must be a boolean, found {a.ty}", loc)
+    if a.const is not None:
+        return const(not a.const)
+    return SV(Unary("not", a.expr), BOOL)
+
+
+def select(c: SV, a: SV, b: SV, loc: Loc) -> SV:
+    """`a if c else b`."""
+    if c.ty.kind != "bool":
+        raise error(f"the condition of 'if' must be a boolean, found {c.ty}", loc)
+    if c.const is not None:
+        return a if c.const else b
+    a, b = unify(a, b, loc)
+    return SV(Select(c.expr, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
+
+
+FLOAT_FUNCS = {"exp": math.exp, "log": math.log, "sqrt": math.sqrt,
+               "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh,
+               "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "erf": math.erf}
+INTRINSIC_ARITY = {**{f: 1 for f in FLOAT_FUNCS}, "abs": 1, "max": 2, "min": 2, "pow": 2}
+
+
+def intrinsic(fn: str, args: list[SV], loc: Loc) -> SV:
+    """An intrinsic call; the caller has checked the arity."""
+    for v in args:
+        if v.ty.kind == "bool":
+            raise error(f"'{fn}' needs numbers, found a boolean", loc)
+    if fn in FLOAT_FUNCS:
+        (a,) = args
+        if a.ty.kind == "int":
+            if a.const is None:
+                raise error(f"'{fn}' needs a float, found {a.ty}; cast it with f32(...)", loc)
+            a = coerce(a, WEAK_FLOAT, loc)
+        if a.const is not None:
+            try:
+                return _ct(FLOAT_FUNCS[fn](a.const), loc)  # type: ignore[arg-type]
+            except (ValueError, OverflowError, ZeroDivisionError):
+                raise error(f"'{fn}' is undefined for {a.const}", loc) from None
+        return SV(Call(fn, (a.expr,)), a.ty)
+    if fn == "abs":
+        (a,) = args
+        if a.const is not None:
+            return _ct(abs(a.const), loc)
+        return SV(Call(fn, (a.expr,)), a.ty)
+    a, b = args
+    if fn == "pow":
+        a, b = unify(coerce_float(a, loc), coerce_float(b, loc), loc)
+        if a.const is not None and b.const is not None:
+            try:
+                return _ct(math.pow(a.const, b.const), loc)  # type: ignore[arg-type]
+            except (ValueError, OverflowError):
+                raise error(f"'pow' is undefined for {a.const}, {b.const}", loc) from None
+        return SV(Call(fn, (a.expr, b.expr)), a.ty if a.ty.dtype else b.ty)
+    x, y = a.const, b.const
+    if x is not None and y is not None:
+        return _ct(max(x, y) if fn == "max" else min(x, y), loc)
+    a, b = unify(a, b, loc)
+    return SV(Call(fn, (a.expr, b.expr)), a.ty if a.ty.dtype else b.ty)
+
+
+def coerce_float(a: SV, loc: Loc) -> SV:
+    """A weak integer literal becomes a float; strong integers are refused."""
+    if a.ty.kind == "float":
+        return a
+    return coerce(a, WEAK_FLOAT, loc)
+
+
+def cast(dtype: DType, a: SV, loc: Loc) -> SV:
+    """`f32(x)` and friends."""
+    value = a.const
+    if value is not None:
+        if dtype is DType.I1:
+            return SV(Const(bool(value), DType.I1), BOOL)
+        if dtype.is_float:
+            return SV(Const(float(value), dtype), sty(dtype))
+        return SV(Const(int(value), dtype), sty(dtype))
+    if a.ty.dtype == dtype:
+        return a
+    return SV(Cast(dtype, a.expr), sty(dtype))
+
+
+def has_index(e: Expr) -> bool:
+    """Whether `e` mentions an index variable outside the subscripts of loads."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Index):
+            return True
+        if not isinstance(x, Load):
+            stack.extend(x.children())
+    return False
+
+
+def check_index_expr(e: Expr, loc: Loc) -> None:
+    """Refuse index expressions that are not affine (or quasi-affine with constants)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Load):
+            continue
+        if isinstance(x, Binary):
+            if x.op == "*" and has_index(x.a) and has_index(x.b):
+                raise error("index expression is not affine: one factor of '*' must be a "
+                            "compile-time constant", loc)
+            if x.op in ("//", "%") and has_index(x.b):
+                raise error(f"index expression is not affine: the right operand of "
+                            f"'{x.op}' must be a compile-time constant", loc)
+            if x.op in ("//", "%") and isinstance(x.b, Const) and x.b.value <= 0:
+                raise error(f"'{x.op}' in an index needs a positive constant, found "
+                            f"{x.b.value}", loc)
+        stack.extend(x.children())
