@@ -5,3 +5,12 @@ pass manager) → `nfc.passes` → `nfc.codegen` → `nfc.runtime`.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`nfc.load(path)`: open a compiled model (nfc.runtime.loader.load), imported on use."""
+    if name == "load":
+        from nfc.runtime.loader import load
+
+        return load
+    raise AttributeError(f"module 'nfc' has no attribute '{name}'")

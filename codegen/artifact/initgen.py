@@ -1,0 +1,185 @@
+"""Parameter initialisation: a seeded, reproducible generator, native and in numpy.
+
+The generator (version 1) fills element `i` (row-major) of tensor `name` from the Philox-4x32-10
+words (nfc/philox.py) of
+
+    key     = (seed mod 2**32) | (fnv1a32(name) << 32)      (k0 = seed, k1 = name hash)
+    counter = i                                             (c0 = low word, c1 = high word)
+
+giving words x0, x1 (x2, x3 unused), then in float64:
+
+    u  = x0 * 2**-32                 in [0, 1)        uniform(lo, hi) = lo + (hi - lo) * u
+    u1 = (x0 + 1) * 2**-32           in (0, 1]
+    u2 = x1 * 2**-32                 in [0, 1)
+    z  = sqrt(-2 log u1) * cos(2 pi u2)               normal(mean, std) = mean + std * z
+
+rounded to the tensor's dtype (round to nearest). `glorot_uniform` is uniform(-l, l) with
+l = sqrt(6 / (fan_in + fan_out)); `he_normal` is normal(0, sqrt(2 / fan_in)). Fans follow the
+layouts of std.nn: a rank-2 weight is [in, out] (`linear`: x[n, k] * w[k, m]); rank >= 3 is
+[out, in, *window] (`conv2d`: k[o, c, kh, kw]) with the window size multiplying both fans;
+rank 1 has fan_in = fan_out = its size; a scalar has 1. `zeros`, `ones`, `const(v)` fill.
+
+Keying by name, not position, keeps a parameter's values when others are added or removed.
+The native `nfc_init` (emitted here into the artifact) and `reference_init` (numpy) agree to
+the last bit except where libm and numpy round log/cos differently (one f64 ulp, which only
+very rarely changes the rounded f32).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from nfc.ir import DType
+from nfc.philox import philox4x32
+
+GENERATOR_VERSION = 1
+GENERATOR = ("philox4x32-10 v1: key = seed mod 2^32 | fnv1a32(name) << 32, counter = element "
+             "index; normal by Box-Muller on (x0 + 1) * 2^-32 and x1 * 2^-32 in float64")
+
+_INIT_RE = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(.*?)\s*\))?\s*$")
+_ARITY = {"normal": 2, "uniform": 2, "const": 1, "zeros": 0, "ones": 0, "glorot_uniform": 0,
+          "he_normal": 0}
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    """A parsed initializer: `kind` is "fill", "uniform" or "normal" with two parameters
+    (fill: value, unused; uniform: lo, hi; normal: mean, std)."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+
+def fnv1a32(text: str) -> int:
+    """The 32-bit FNV-1a hash of `text`'s UTF-8 bytes."""
+    h = 0x811C9DC5
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(fan_in, fan_out) of a weight of `shape` (see the module doc)."""
+    if not shape:
+        return 1, 1
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    window = math.prod(shape[2:])
+    return shape[1] * window, shape[0] * window
+
+
+def parse_init(text: str, shape: tuple[int, ...]) -> InitSpec:
+    """The initializer `text` (`normal(0.0, 0.1)`, `he_normal`, ...) for a tensor of `shape`;
+    raises ValueError for an unknown one."""
+    m = _INIT_RE.match(text or "zeros")
+    if not m or m.group(1) not in _ARITY:
+        raise ValueError(f"unknown initializer {text!r} (known: {', '.join(_ARITY)})")
+    name, rest = m.group(1), m.group(2)
+    vals = [float(x) for x in rest.split(",")] if rest else []
+    if len(vals) != _ARITY[name]:
+        raise ValueError(f"initializer {name} takes {_ARITY[name]} arguments: {text!r}")
+    fan_in, fan_out = fans(shape)
+    if name == "zeros":
+        return InitSpec("fill", 0.0)
+    if name == "ones":
+        return InitSpec("fill", 1.0)
+    if name == "const":
+        return InitSpec("fill", vals[0])
+    if name == "uniform":
+        return InitSpec("uniform", vals[0], vals[1])
+    if name == "normal":
+        return InitSpec("normal", vals[0], vals[1])
+    if name == "glorot_uniform":
+        lim = math.sqrt(6.0 / (fan_in + fan_out))
+        return InitSpec("uniform", -lim, lim)
+    return InitSpec("normal", 0.0, math.sqrt(2.0 / fan_in))
+
+
+def init_key(seed: int, name: str) -> int:
+    """The Philox key of tensor `name` for `seed`, as an unsigned 64-bit integer."""
+    return (int(seed) & 0xFFFFFFFF) | (fnv1a32(name) << 32)
+
+
+def reference_init(name: str, init: str, shape: tuple[int, ...], dtype: DType,
+                   seed: int) -> np.ndarray:
+    """The tensor the generator gives (numpy; the oracle of the native `nfc_init`)."""
+    spec = parse_init(init, shape)
+    size = math.prod(shape)
+    if spec.kind == "fill":
+        return np.full(shape, spec.a, dtype=dtype.numpy)
+    if not dtype.is_float:
+        raise ValueError(f"a random initializer for the integer tensor '{name}'")
+    key = init_key(seed, name)
+    i = np.arange(size, dtype=np.uint64)
+    x0, x1, _, _ = philox4x32((i & np.uint64(0xFFFFFFFF), i >> np.uint64(32), 0, 0),
+                              (key & 0xFFFFFFFF, key >> 32))
+    if spec.kind == "uniform":
+        u = x0.astype(np.float64) * 2.0 ** -32
+        val = spec.a + (spec.b - spec.a) * u
+    else:
+        u1 = (x0.astype(np.float64) + 1.0) * 2.0 ** -32
+        u2 = x1.astype(np.float64) * 2.0 ** -32
+        z = np.sqrt(-2.0 * np.log(u1)) * np.cos((2.0 * math.pi) * u2)
+        val = spec.a + spec.b * z
+    return val.astype(dtype.numpy).reshape(shape)
+
+
+def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...], dtype: DType,
+                   seed) -> None:
+    """Emit, at `b`'s position, a loop filling the tensor at `ptr` (llvmlite values; `seed`
+    is an i64). `b` is left positioned after the loop."""
+    from llvmlite import ir
+
+    from nfc.codegen.llvm import intrinsics as M
+    from nfc.codegen.llvm.exprs import memtype
+
+    spec = parse_init(init, shape)
+    size = math.prod(shape)
+    et = memtype(dtype)
+    if size == 0:
+        return
+    fn = b.function
+    pre = b.block
+    loop = fn.append_basic_block(f"init.{name}")
+    done = fn.append_basic_block(f"init.{name}.done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(M.I64, name="i")
+    i.add_incoming(ir.Constant(M.I64, 0), pre)
+    if spec.kind == "fill":
+        val: ir.Value = (ir.Constant(et, spec.a) if dtype.is_float
+                         else ir.Constant(et, int(spec.a)))
+    else:
+        if not dtype.is_float:
+            raise ValueError(f"a random initializer for the integer tensor '{name}'")
+        high = fnv1a32(name) << 32
+        key = b.or_(b.and_(seed, ir.Constant(M.I64, 0xFFFFFFFF)),
+                    ir.Constant(M.I64, high - (1 << 64) if high >= 1 << 63 else high))
+        words = M.philox4x32(b, key, i)
+        scale = ir.Constant(M.F64, 2.0 ** -32)
+        if spec.kind == "uniform":
+            u = b.fmul(b.uitofp(words[0], M.F64), scale)
+            d = b.fadd(ir.Constant(M.F64, spec.a),
+                       b.fmul(ir.Constant(M.F64, spec.b - spec.a), u))
+        else:
+            u1 = b.fmul(b.fadd(b.uitofp(words[0], M.F64), ir.Constant(M.F64, 1.0)), scale)
+            u2 = b.fmul(b.uitofp(words[1], M.F64), scale)
+            lg = M.intrinsic(b, "log", [u1])
+            r = M.intrinsic(b, "sqrt", [b.fmul(ir.Constant(M.F64, -2.0), lg)])
+            c = M.intrinsic(b, "cos", [b.fmul(ir.Constant(M.F64, 2.0 * math.pi), u2)])
+            d = b.fadd(ir.Constant(M.F64, spec.a), b.fmul(ir.Constant(M.F64, spec.b),
+                                                            b.fmul(r, c)))
+        val = d if et == M.F64 else b.fptrunc(d, et)
+    addr = b.gep(ptr, [i], source_etype=et)
+    b.store(val, addr)
+    nxt = b.add(i, ir.Constant(M.I64, 1))
+    i.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_unsigned("<", nxt, ir.Constant(M.I64, size)), loop, done)
+    b.position_at_end(done)

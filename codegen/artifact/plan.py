@@ -1,0 +1,248 @@
+"""Where every tensor of a step lives, and what the entry function does, in order.
+
+A function of the IR becomes one native entry `void nfc_<f>(void **args, void **outs,
+void *arena)`. Its tensors live in one of three places (a `Slot`):
+
+- `arg i`: the caller's buffer of argument `i` (inputs, parameters, optimizer state);
+- `out j`: the caller's buffer of the j-th result that is not updated in place;
+- `arena off`: the step's scratch arena at byte offset `off` (static memory plan,
+  nfc.passes.memplan), intermediate values and the kernels' workspaces.
+
+A result marked in place (`nf.inplace = {"<result>": "<arg>"}`) is written straight into the
+argument's buffer when that is safe: its op is the last to read the argument and reads it only
+elementwise at the element it writes (the optimizer's `p - lr * g`). Otherwise it is computed
+in the arena and copied at the end of the step. Results that are arguments, or that appear
+twice, are copies too; a copy whose source buffer is itself overwritten by another copy goes
+through a staging buffer first, so the order of the copies never matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nfc.codegen.jit import KernelInfo
+from nfc.diagnostics import CompileError, error
+from nfc.ir import (
+    CallOp,
+    ComputeOp,
+    Func,
+    Index,
+    KernelOp,
+    Load,
+    Op,
+    ReturnOp,
+    TensorType,
+    Value,
+    loads,
+)
+from nfc.passes.memplan import LiveBuffer, MemoryPlan, last_uses, op_positions, plan_offsets
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A buffer location: `kind` is "arg", "out" or "arena"; `index` the argument number, the
+    output number or the byte offset in the arena."""
+
+    kind: str
+    index: int
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """An argument of an entry function."""
+
+    name: str
+    role: str
+    type: TensorType
+    attrs: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class ResultInfo:
+    """A result: `inplace` names the argument it updates, else `out` is its output slot."""
+
+    name: str
+    type: TensorType
+    inplace: str | None
+    out: int | None
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel call of an entry: `buffers` in the kernel's order (outputs, inputs, then the
+    workspace when it has one)."""
+
+    symbol: str
+    op_index: int
+    buffers: tuple[Slot, ...]
+    label: str
+
+
+@dataclass(frozen=True)
+class Copy:
+    """`nbytes` bytes from `src` to `dst`, after every kernel of the step."""
+
+    src: Slot
+    dst: Slot
+    nbytes: int
+
+
+@dataclass
+class FuncPlan:
+    """Everything the entry function of `func` needs."""
+
+    name: str
+    func: Func
+    args: list[ArgInfo]
+    results: list[ResultInfo]
+    kernels: list[KernelCall]
+    copies: list[Copy]
+    memory: MemoryPlan
+    where: dict[int, Slot]
+
+    @property
+    def n_outputs(self) -> int:
+        """Entries of the `outs` array."""
+        return sum(1 for r in self.results if r.out is not None)
+
+
+def result_names(func: Func) -> list[str]:
+    """`nf.results` of `func`, or `out0`, `out1`, ... when absent or malformed."""
+    names = func.attrs.get("nf.results")
+    n = len(func.ret.values)
+    if isinstance(names, list) and len(names) == n and all(isinstance(x, str) for x in names):
+        return list(names)
+    return [f"out{i}" for i in range(n)]
+
+
+def _is_identity_load(ld: Load, op: ComputeOp) -> bool:
+    return (len(ld.indices) == len(op.dims)
+            and all(isinstance(e, Index) and e.name == d.name
+                    for e, d in zip(ld.indices, op.dims, strict=True)))
+
+
+def inplace_ok(func: Func, value: Value, arg: Value, pos: Mapping[int, int]) -> bool:
+    """Whether `value` may be computed straight into `arg`'s buffer (see the module doc)."""
+    if value.type != arg.type or value.owner is None or any(v is arg for v in func.ret.values):
+        return False
+    p = pos[id(value)]
+    ops = func.body.ops
+    for op in ops[p + 1:-1]:
+        if any(v is arg for v in op.operands):
+            return False
+    op = ops[p]
+    if not any(v is arg for v in op.operands):
+        return True
+    if not isinstance(op, ComputeOp) or op.reduce is not None or op.result is not value:
+        return False
+    return all(_is_identity_load(ld, op) for ld in loads(op.body) if ld.tensor is arg)
+
+
+def describe_op(n: int, op: Op) -> str:
+    """A short label for profiles: `12 %h1 [n: 64, j: 128] sum [k: 64] (backward) mlp.nf:9:3`."""
+    names = ", ".join(f"%{r.name}" if r.name else "%?" for r in op.results)
+    text = f"{n} {names}"
+    if isinstance(op, ComputeOp):
+        text += " [" + ", ".join(str(a) for a in op.dims) + "]"
+        if op.reduce:
+            text += f" {op.reduce} [" + ", ".join(str(a) for a in op.raxes) + "]"
+    elif isinstance(op, KernelOp):
+        text += " kernel"
+    phase = op.attrs.get("nf.phase")
+    if phase:
+        text += f" ({phase})"
+    if op.loc is not None:
+        text += f" {op.loc}"
+    return text
+
+
+def plan_function(func: Func, infos: Mapping[int, KernelInfo],
+                  symbols: Mapping[int, str]) -> FuncPlan:
+    """The plan of `func`, whose op `n` is the kernel `symbols[n]` with layout `infos[n]`."""
+    ops = func.body.ops
+    if not ops or not isinstance(ops[-1], ReturnOp):
+        raise CompileError(error(f"@{func.name} does not end with nf.return", func.loc).diagnostics)
+    for op in ops[:-1]:
+        if isinstance(op, CallOp):
+            raise CompileError(error(f"@{func.name} still calls @{op.callee}; run the inline "
+                                     "pass before building an artifact", op.loc).diagnostics)
+    ret = func.ret
+    names = result_names(func)
+    inplace = {int(k): str(v) for k, v in (func.attrs.get("nf.inplace") or {}).items()}
+    arg_index = {a.name: i for i, a in enumerate(func.args)}
+    args = [ArgInfo(a.name or f"arg{i}", str(attrs.get("nf.role", "input")), a.type, dict(attrs))
+            for i, (a, attrs) in enumerate(zip(func.args, func.arg_attrs, strict=True))]
+    where: dict[int, Slot] = {id(a): Slot("arg", i) for i, a in enumerate(func.args)}
+    pos = op_positions(func)
+    pending: list[tuple[Value, Slot]] = []
+    results: list[ResultInfo] = []
+    n_out = 0
+    targets: set[str] = set()
+    for r, v in enumerate(ret.values):
+        target = inplace.get(r)
+        if target is not None:
+            if target not in arg_index or target in targets:
+                raise CompileError(error(f"@{func.name}: result {r} is in place on '{target}', "
+                                         "which is not a distinct argument", func.loc).diagnostics)
+            targets.add(target)
+            arg = func.args[arg_index[target]]
+            if arg.type != v.type:
+                raise CompileError(error(f"@{func.name}: in-place result {r} has type {v.type} "
+                                         f"but '{target}' has {arg.type}", func.loc).diagnostics)
+            dst = Slot("arg", arg_index[target])
+            if id(v) not in where and inplace_ok(func, v, arg, pos):
+                where[id(v)] = dst
+            else:
+                pending.append((v, dst))
+            results.append(ResultInfo(names[r], v.type, target, None))
+        else:
+            dst = Slot("out", n_out)
+            if id(v) not in where:
+                where[id(v)] = dst
+            else:
+                pending.append((v, dst))
+            results.append(ResultInfo(names[r], v.type, None, n_out))
+            n_out += 1
+
+    end = len(ops) - 1  # the return's position: copies happen there
+    last = last_uses(func)
+    buffers: list[LiveBuffer] = []
+    for n, op in enumerate(ops[:-1]):
+        for v in op.results:
+            if id(v) not in where:
+                end_v = max(n, last.get(id(v), n))
+                buffers.append(LiveBuffer(("v", id(v)), v.type.nbytes, n, end_v))
+        if infos[n].workspace_bytes:
+            buffers.append(LiveBuffer(("ws", n), infos[n].workspace_bytes, n, n))
+    # a copy source that another copy overwrites is staged first (both at the end)
+    dsts = {dst for _, dst in pending}
+    staged: dict[int, Value] = {}
+    for v, _dst in pending:
+        src = where.get(id(v))
+        if src is not None and src in dsts and id(v) not in staged:
+            buffers.append(LiveBuffer(("stage", id(v)), v.type.nbytes, end, end + 1))
+            staged[id(v)] = v
+    memory = plan_offsets(buffers)
+    for b in buffers:
+        if b.key[0] == "v":
+            where[b.key[1]] = Slot("arena", memory.offsets[b.key])
+    copies: list[Copy] = []
+    stage_slot: dict[int, Slot] = {}
+    for key, v in staged.items():
+        stage_slot[key] = Slot("arena", memory.offsets[("stage", key)])
+        copies.append(Copy(where[key], stage_slot[key], v.type.nbytes))
+    for v, dst in pending:
+        src = stage_slot.get(id(v), where[id(v)])
+        if src != dst:
+            copies.append(Copy(src, dst, v.type.nbytes))
+
+    kernels: list[KernelCall] = []
+    for n, op in enumerate(ops[:-1]):
+        info = infos[n]
+        slots = [where[id(v)] for v in (*info.outputs, *info.inputs)]
+        if info.workspace_bytes:
+            slots.append(Slot("arena", memory.offsets[("ws", n)]))
+        kernels.append(KernelCall(symbols[n], n, tuple(slots), describe_op(n, op)))
+    return FuncPlan(func.name, func, args, results, kernels, copies, memory, where)

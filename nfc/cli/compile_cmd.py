@@ -1,0 +1,121 @@
+"""`nfc compile`: a model into a self-contained shared library (or its IR, loops, LLVM).
+
+    nfc compile model.nf -o model.so                 # forward, eval, train_step, init
+    nfc compile model.nf -o model.so --set batch=32 --set opt.lr=0.01
+    nfc compile model.nf --emit=ir                   # the IR handed to codegen
+    nfc compile model.nf --emit=loops                # every kernel's loop nest
+    nfc compile model.nf --emit=llvm -o model.ll     # LLVM IR after O3
+    nfc compile model.nf -o model.so --profile       # kernel timing for `nfc train --profile`
+    nfc compile model.so --emit=header -o model.h    # the C header of a built library
+
+`--set` takes model parameters (`batch=32`) and optimizer hyperparameters as `opt.<name>`.
+The library exports a C ABI (docs/runtime.md); load it with `nfc.load("model.so")` or link it
+from C (examples/c_driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from nfc.cli import UsageError
+
+EMITS = ("so", "ir", "loops", "llvm", "header")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `nfc compile`."""
+    p = subparsers.add_parser("compile", help="compile a model into a shared library",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="a .nf model or a .nfir module")
+    p.add_argument("-o", "--output", help="output path (default: <model>.so; for --emit "
+                   "other than so: standard output)")
+    p.add_argument("--emit", choices=EMITS, default="so", help="what to write (default: so)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
+                   help="a model parameter, or opt.<name> for the optimizer (repeatable)")
+    p.add_argument("-p", "--pipeline", default=None,
+                   help="passes run before codegen (default: inline,canonicalize,cse,dce)")
+    p.add_argument("--function", dest="functions", action="append", default=[],
+                   metavar="NAME", help="compile only this function (repeatable)")
+    p.add_argument("--profile", action="store_true",
+                   help="time every kernel call (for nfc train --profile)")
+    p.add_argument("--no-tuning", action="store_true",
+                   help="ignore tuned schedules of the tuning cache (nfc tune)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile and write the requested output."""
+    from nfc.runtime.build import (
+        DEFAULT_PIPELINE,
+        SettingError,
+        apply_tuning,
+        build_library,
+        model_module,
+        parse_settings,
+        run_pipeline,
+    )
+
+    src = Path(args.file)
+    if not src.exists():
+        raise UsageError(f"no such file: '{src}'")
+    if src.suffix == ".so":
+        if args.emit != "header":
+            raise UsageError("a .so is already compiled; it only gives --emit=header")
+        from nfc.codegen.artifact.header import c_header
+        from nfc.runtime.loader import ArtifactError, load
+
+        try:
+            meta = load(src, check_cpu_features=False).metadata
+        except ArtifactError as exc:
+            raise UsageError(str(exc)) from None
+        return _write(args.output, c_header(meta))
+    try:
+        params, opt = parse_settings(args.settings)
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+    module = model_module(src, params, opt)
+    run_pipeline(module, DEFAULT_PIPELINE if args.pipeline is None else args.pipeline)
+    if args.functions:
+        missing = [f for f in args.functions if not module.has_func(f)]
+        if missing:
+            have = ", ".join(f.name for f in module.funcs)
+            raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
+    funcs = args.functions or None
+    note = "" if args.no_tuning or args.emit == "ir" else apply_tuning(module)
+    if args.emit == "ir":
+        from nfc.printer import print_module
+
+        return _write(args.output, print_module(module))
+    if args.emit in ("loops", "llvm", "header"):
+        from nfc.codegen.artifact import build_artifact
+        from nfc.codegen.artifact.header import c_header
+
+        art = build_artifact(module, functions=funcs, profile=args.profile)
+        text = {"loops": art.loops_text, "llvm": art.llvm_ir,
+                "header": lambda: c_header(art.metadata)}[args.emit]()
+        return _write(args.output, text)
+    out = args.output or str(src.with_suffix(".so"))
+    built = build_library(module, out, profile=args.profile, use_cache=False, functions=funcs)
+    meta = built.artifact.metadata
+    print(f"wrote {out}", file=sys.stderr)
+    if note:
+        print(f"  {note}", file=sys.stderr)
+    for name, fm in meta["functions"].items():
+        print(f"  {name}: {len(fm['kernels'])} kernels, arena {fm['arena_bytes']:,} bytes "
+              f"(without reuse {fm['naive_bytes']:,}), {fm['copies']} copies", file=sys.stderr)
+    n_tensors = sum(1 for _ in meta["tensors"])
+    print(f"  init: {n_tensors} tensors, seeded ({meta['init']['generator'].split(':')[0]})",
+          file=sys.stderr)
+    return 0
+
+
+def _write(path: str | None, text: str) -> int:
+    if path in (None, "-"):
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+    return 0

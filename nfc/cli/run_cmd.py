@@ -1,0 +1,108 @@
+"""`nfc run`: evaluate a compiled model on data, or describe it.
+
+    nfc run model.so --data digits --checkpoint ckpt/     # accuracy with trained parameters
+    nfc run model.so --data digits --seed 3               # freshly initialised parameters
+    nfc run model.nf --data synthetic --set batch=32      # compiles first
+    nfc run model.so --info                               # functions, tensors, target
+
+Evaluation uses the model's `eval` function (else `forward`) on the test split, in batches of
+the compiled size; the last batch is padded and the padding is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from nfc.cli import UsageError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `nfc run`."""
+    p = subparsers.add_parser("run", help="evaluate a compiled model", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="a compiled .so, or a .nf model to compile")
+    p.add_argument("--data", default="digits", help="digits, mnist1d, text or synthetic")
+    p.add_argument("--function", default=None, help="function to run (default eval/forward)")
+    p.add_argument("--checkpoint", metavar="DIR|FILE.json",
+                   help="parameters from a checkpoint (its directory: the latest)")
+    p.add_argument("--seed", type=int, default=0, help="init seed when no checkpoint")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--info", action="store_true", help="describe the library and exit")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def _info(model: Any) -> None:
+    meta = model.metadata
+    t = meta["target"]
+    print(f"{model.path}: model '{meta.get('model')}', nfc {meta['nfc_version']}, ABI "
+          f"{meta['abi_version']}, {t['cpu']} ({len(t['features'])} features)"
+          + (", profiled" if meta.get("profile") else ""))
+    for name, fm in meta["functions"].items():
+        ins = ", ".join(f"{a['name']}: {a['dtype']}{a['shape']} ({a['role']})"
+                        for a in fm["args"] if a["role"] in ("input", "rng"))
+        outs = ", ".join(r["name"] for r in fm["results"] if r["out"] is not None)
+        upd = sum(1 for r in fm["results"] if r["inplace"])
+        print(f"  {name}({ins}) -> ({outs})" + (f", {upd} in-place updates" if upd else "")
+              + f"; {len(fm['kernels'])} kernels, arena {fm['arena_bytes']:,} B")
+    for tm in meta["tensors"]:
+        print(f"  {tm['role']:<9} {tm['name']}: {tm['dtype']}{tm['shape']} = {tm['init']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load (or compile), then describe or evaluate."""
+    from nfc.runtime import checkpoint as ckpt
+    from nfc.runtime.build import SettingError, load_model
+    from nfc.runtime.data import DataError
+    from nfc.runtime.data import load as load_data
+    from nfc.runtime.loader import ArtifactError
+    from nfc.runtime.train import default_threads, evaluate, model_classes, model_io
+
+    try:
+        model = load_model(args.file, settings=args.settings)
+        if args.info:
+            _info(model)
+            return 0
+        name = args.function or next((f for f in ("eval", "forward")
+                                      if f in model.functions), None)
+        if name is None or name not in model.functions:
+            raise UsageError(f"no function '{args.function}' (has: "
+                             f"{', '.join(model.functions)})")
+        model.set_num_threads(args.threads or default_threads(model.metadata, name))
+        if args.checkpoint:
+            path = args.checkpoint
+            if not path.endswith(".json"):
+                latest = ckpt.latest(path)
+                if latest is None:
+                    raise UsageError(f"no checkpoint in '{path}'")
+                path = str(latest)
+            tensors, info = ckpt.load(path)
+            model.load_state_dict(tensors)
+            model.seed = int(info.get("seed", 0))
+        else:
+            model.init(args.seed)
+        x, _ = model_io(model.functions[name].meta)
+        ds = load_data(args.data, x, model_classes(model.metadata))
+        t0 = time.perf_counter()
+        acc, loss = evaluate(model, ds, name)
+        dt = time.perf_counter() - t0
+    except (ArtifactError, DataError, SettingError, ckpt.CheckpointError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    n = 0 if ds.x_test is None else len(ds.x_test)
+    result = {"data": args.data, "function": name, "samples": n, "accuracy": acc,
+              "loss": loss, "seconds": dt}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        parts = [f"{n} test samples"]
+        if acc is not None:
+            parts.append(f"accuracy {acc * 100:.2f}%")
+        if loss is not None:
+            parts.append(f"loss {loss:.4f}")
+        parts.append(f"{dt * 1e3:.1f} ms")
+        print(f"{args.data} ({name}): " + ", ".join(parts))
+    return 0

@@ -1,0 +1,119 @@
+"""`nfc train`: train a model natively, one library call per step.
+
+    nfc train examples/mlp_digits.nf --data digits --epochs 10
+    nfc train model.so --data synthetic --epochs 2 --metrics m.jsonl --plot loss.png
+    nfc train model.nf --data digits --checkpoint ckpt/ --every 50      # later: --resume
+    nfc train model.nf --data mnist1d --profile --trace trace.json --threads 2
+
+Data sets: digits (scikit-learn), mnist1d (pip install mnist1d), text (Python's docs),
+synthetic. Batches are shuffled every epoch with --seed; the last partial batch is dropped.
+Parameters start from the model's initializers with --seed (or from the last checkpoint with
+--resume, which continues bit-exactly). --compare-torch also times the same step in PyTorch
+eager (MLP models: linear layers with ReLU and softmax cross-entropy) and shows the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from nfc.cli import UsageError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `nfc train`."""
+    p = subparsers.add_parser("train", help="train a model (native steps)", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="a .nf model, a .nfir module or a compiled .so")
+    p.add_argument("--data", default="digits",
+                   help="digits, mnist1d, text or synthetic (default: digits)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch size (sets the model parameter `batch` when compiling)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (opt.lr)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
+                   help="a model parameter, or opt.<name> for the optimizer (repeatable)")
+    p.add_argument("--metrics", metavar="FILE.jsonl", help="write metrics as JSON lines")
+    p.add_argument("--plot", metavar="FILE.png", help="plot the loss curve")
+    p.add_argument("--checkpoint", metavar="DIR", help="save checkpoints in DIR")
+    p.add_argument("--every", type=int, default=0, metavar="N",
+                   help="checkpoint every N steps (default: every epoch)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--profile", action="store_true", help="per-kernel time table")
+    p.add_argument("--trace", metavar="FILE.json",
+                   help="with --profile: Chrome trace path (default nfc-trace.json)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads of parallel loops (default: 1 for steps under 32 MFLOP, "
+                   "else every core)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--step-delay", type=float, default=0.0, metavar="SEC",
+                   help="sleep after each step (testing interruption, demos)")
+    p.add_argument("--no-cache", action="store_true", help="always rebuild the library")
+    p.add_argument("--no-tuning", action="store_true",
+                   help="ignore tuned schedules of the tuning cache (nfc tune)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--compare-torch", action="store_true",
+                   help="time the same step in PyTorch eager, when installed")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train and print a summary."""
+    from nfc.runtime.build import SettingError
+    from nfc.runtime.data import DataError
+    from nfc.runtime.loader import ArtifactError
+    from nfc.runtime.train import TrainConfig, TrainError, train
+
+    if args.epochs < 1:
+        raise UsageError("--epochs must be at least 1")
+    if args.every < 0:
+        raise UsageError("--every must be >= 0")
+    cfg = TrainConfig(
+        source=args.file, data=args.data, epochs=args.epochs, batch=args.batch, lr=args.lr,
+        seed=args.seed, settings=tuple(args.settings), metrics=args.metrics, plot=args.plot,
+        checkpoint=args.checkpoint, every=args.every, resume=args.resume,
+        profile=args.profile, trace=(args.trace or "nfc-trace.json") if args.profile else None,
+        threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
+        max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
+        tuning=not args.no_tuning)
+    try:
+        res = train(cfg)
+    except (TrainError, DataError, ArtifactError, SettingError) as exc:
+        raise UsageError(str(exc)) from None
+    losses = res.losses
+    if losses:
+        k = max(1, min(10, len(losses) // 4))
+        first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+        print(f"loss: {first:.4f} (first {k} steps) -> {last:.4f} (last {k} steps)")
+    rate = 1.0 / max(res.step_seconds, 1e-12)
+    plural = "s" if res.threads > 1 else ""
+    print(f"steps: {res.steps} in {res.epochs:.3g} epoch(s); step time "
+          f"{res.step_seconds * 1e3:.3f} ms (median, {rate:.0f} steps/s, {res.threads} "
+          f"thread{plural})")
+    if res.test_accuracy is not None:
+        print(f"test accuracy: {res.test_accuracy * 100:.2f}%")
+    if res.test_loss is not None:
+        print(f"test loss: {res.test_loss:.4f}")
+    if res.profile is not None:
+        print(res.profile.table())
+        print(f"chrome trace: {cfg.trace}")
+    if args.compare_torch:
+        _compare_torch(res, res.threads)
+    return 0
+
+
+def _compare_torch(res: Any, threads: int) -> None:
+    from nfc.runtime.torch_ref import TorchUnavailable, compare_step
+
+    try:
+        cmp = compare_step(res.model, threads=threads)
+    except TorchUnavailable as exc:
+        print(f"pytorch: {exc}; comparison skipped", file=sys.stderr)
+        return
+    print(f"pytorch eager step: {cmp.torch_s * 1e3:.3f} ms vs nfc {cmp.nfc_s * 1e3:.3f} ms "
+          f"on {cmp.threads} thread(s): nfc is {cmp.torch_s / cmp.nfc_s:.2f}x PyTorch's speed "
+          f"(same batch, same initial parameters: loss {cmp.nfc_loss:.6f} vs "
+          f"{cmp.torch_loss:.6f})")

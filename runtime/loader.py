@@ -1,0 +1,391 @@
+"""`nfc.load(path)`: open a compiled model (`nfc compile model.nf -o model.so`) with ctypes.
+
+The library is checked before anything runs: its ABI version (the exported function and the
+metadata must both equal `ABI_VERSION`) and the CPU features it was compiled for (every one
+must be present on this host; a library built for AVX-512 would otherwise die of SIGILL).
+
+A `Model` owns the model's persistent tensors (parameters, state, optimizer state) as
+64-byte-aligned numpy arrays; the native entries read and update them in place, zero-copy:
+
+    m = nfc.load("mlp.so")
+    m.init(seed=0)                                   # native, seeded (see initgen)
+    out = m.train_step(x=xb, y=yb)                   # one native call: the whole step
+    out["loss"], m.tensors["w1"]                     # results; w1 updated in place
+    m.eval(x=xb, y=yb)["logits"]
+
+Inputs are taken as they are when they already have the right dtype, shape and layout (no
+copy), converted otherwise. An `rng` argument defaults to `(seed, step)` where `step` counts
+the calls of functions that update tensors in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The ABI this loader speaks (nfc.codegen.artifact.build.ABI_VERSION).
+ABI_VERSION = 1
+ALIGN = 64
+
+_DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i1": np.bool_,
+           "i32": np.int32, "i64": np.int64, "bf16": np.float32}
+
+
+class ArtifactError(Exception):
+    """A library that cannot be used here: not an nfc artifact, another ABI, missing CPU
+    features, or a call with wrong arguments."""
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts at a multiple of `align`."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + n].view(dt).reshape(shape)
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Like `aligned_empty`, filled with zeros."""
+    a = aligned_empty(shape, dtype)
+    a.fill(0)
+    return a
+
+
+def host_cpu_features() -> set[str]:
+    """The CPU features LLVM reports for this host (`avx2`, `avx512f`, ...)."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    on: dict[str, bool] = {}
+    for item in llvm.get_host_cpu_features().flatten().split(","):
+        if item[:1] in "+-" and len(item) > 1:
+            on[item[1:]] = item[0] == "+"
+    return {f for f, v in on.items() if v}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor described by the metadata."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    role: str = ""
+
+    @staticmethod
+    def of(d: Mapping[str, Any]) -> TensorSpec:
+        """From a metadata entry."""
+        return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]),
+                          np.dtype(_DTYPES[d["dtype"]]), str(d.get("role", "")))
+
+
+_loaded: dict[str, tuple[int, int, int]] = {}
+
+
+def _open_library(path: str) -> ctypes.CDLL:
+    """dlopen `path`; a file replaced since this process loaded that path is loaded from a
+    private copy, because dlopen would hand back the old library of the same name."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    target = real
+    if _loaded.get(real, stamp) != stamp:
+        fd, target = tempfile.mkstemp(suffix=".so", prefix="nfc-")
+        os.close(fd)
+        shutil.copyfile(real, target)
+    else:
+        _loaded[real] = stamp
+    try:
+        return ctypes.CDLL(target, mode=ctypes.RTLD_LOCAL)
+    except OSError as exc:
+        raise ArtifactError(f"cannot load '{path}': {exc}") from None
+    finally:
+        if target != real:
+            os.unlink(target)
+
+
+def read_metadata(lib: ctypes.CDLL, path: str) -> dict[str, Any]:
+    """The metadata of a loaded library, checked for the ABI version."""
+    try:
+        abi = lib.nfc_abi_version
+        meta_fn = lib.nfc_metadata
+    except AttributeError:
+        raise ArtifactError(f"'{path}' is not an nfc artifact (no nfc_abi_version/"
+                            "nfc_metadata)") from None
+    abi.restype = ctypes.c_int32
+    meta_fn.restype = ctypes.c_char_p
+    version = int(abi())
+    if version != ABI_VERSION:
+        raise ArtifactError(f"'{path}' has ABI version {version} but this nfc loads version "
+                            f"{ABI_VERSION}; recompile it with `nfc compile`")
+    try:
+        meta = json.loads(meta_fn().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"'{path}' has unreadable metadata: {exc}") from None
+    if meta.get("abi_version") != ABI_VERSION:
+        raise ArtifactError(f"'{path}' metadata says ABI version {meta.get('abi_version')} but "
+                            f"this nfc loads version {ABI_VERSION}; recompile it")
+    return meta
+
+
+def check_cpu(meta: Mapping[str, Any], path: str, host: set[str] | None = None) -> None:
+    """Raise ArtifactError when the library needs CPU features this host lacks."""
+    need = set(meta.get("target", {}).get("features", []))
+    have = host_cpu_features() if host is None else host
+    missing = sorted(need - have)
+    if missing:
+        cpu = meta.get("target", {}).get("cpu", "?")
+        raise ArtifactError(
+            f"'{path}' was compiled for a CPU ({cpu}) with features this host lacks: "
+            f"{', '.join(missing)}; recompile it here with `nfc compile`")
+
+
+_Entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class Function:
+    """One native entry (`nfc_<name>`) of a model, callable on numpy arrays."""
+
+    def __init__(self, model: Model, name: str, meta: Mapping[str, Any]) -> None:
+        self.model = model
+        self.name = name
+        self.meta = meta
+        self.args = [TensorSpec.of(a) for a in meta["args"]]
+        self.results = meta["results"]
+        self.outputs = [TensorSpec.of(r) for r in self.results if r.get("out") is not None]
+        self.updates_in_place = any(r.get("inplace") for r in self.results)
+        self.inputs = [a for a in self.args if a.role not in ("param", "state", "opt_state",
+                                                              "rng")]
+        self._fn = _Entry(ctypes.cast(model.symbol(meta["symbol"]), ctypes.c_void_p).value)
+        self.arena = aligned_empty((max(int(meta["arena_bytes"]), 1),), np.uint8)
+        self._argv = (ctypes.c_void_p * max(1, len(self.args)))()
+        self._outv = (ctypes.c_void_p * max(1, len(self.outputs)))()
+        self._argv_addr = ctypes.addressof(self._argv)
+        self._outv_addr = ctypes.addressof(self._outv)
+        self._arena_addr = self.arena.ctypes.data
+        self._slots: dict[str, int] = {}
+        for i, a in enumerate(self.args):
+            if a.role in ("param", "state", "opt_state"):
+                arr = model.tensors[a.name]
+                self._argv[i] = arr.ctypes.data
+            else:
+                self._slots[a.name] = i
+        self._rng = aligned_zeros((2,), np.int64)
+        self._keep: list[np.ndarray] = []
+        self._profile = None
+        if model.metadata.get("profile"):
+            prof = model.symbol(f"nfc_{name}_profile", restype=ctypes.POINTER(ctypes.c_int64))
+            n = max(1, 2 * len(meta["kernels"]))
+            self._profile = np.ctypeslib.as_array(prof(), shape=(n,))
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.inputs)
+        outs = ", ".join(o.name for o in self.outputs)
+        return f"<nfc function {self.name}({ins}) -> ({outs})>"
+
+    def _input(self, spec: TensorSpec, value: Any) -> np.ndarray:
+        arr = np.asarray(value)
+        if arr.shape != spec.shape:
+            raise ArtifactError(f"{self.name}: input '{spec.name}' must have shape "
+                                f"{list(spec.shape)}, got {list(arr.shape)}")
+        if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=spec.dtype)
+        return arr
+
+    def __call__(self, *args: Any, rng: Any = None, out: Mapping[str, np.ndarray] | None = None,
+                 **kwargs: Any) -> dict[str, np.ndarray]:
+        """Run the entry on inputs (positional in order, or by name); returns the results that
+        are not updated in place, by name (`out` may supply their arrays)."""
+        if len(args) > len(self.inputs):
+            raise ArtifactError(f"{self.name} takes {len(self.inputs)} inputs "
+                                f"({', '.join(a.name for a in self.inputs)}), got {len(args)}")
+        given = dict(zip((a.name for a in self.inputs), args, strict=False))
+        for k, v in kwargs.items():
+            if k in given:
+                raise ArtifactError(f"{self.name}: input '{k}' given twice")
+            given[k] = v
+        keep = []
+        for spec in self.inputs:
+            if spec.name not in given:
+                raise ArtifactError(f"{self.name}: missing input '{spec.name}'")
+            arr = self._input(spec, given.pop(spec.name))
+            keep.append(arr)
+            self._argv[self._slots[spec.name]] = arr.ctypes.data
+        if given:
+            raise ArtifactError(f"{self.name}: unknown input(s) {', '.join(sorted(given))}")
+        for spec in self.args:
+            if spec.role == "rng":
+                r = self._rng
+                if rng is None:
+                    r[0], r[1] = self.model.seed, self.model.step
+                else:
+                    r[:] = np.asarray(rng, dtype=np.int64).reshape(2)
+                self._argv[self._slots[spec.name]] = r.ctypes.data
+        results: dict[str, np.ndarray] = {}
+        for j, spec in enumerate(self.outputs):
+            arr = out.get(spec.name) if out else None
+            if arr is None:
+                arr = np.empty(spec.shape, spec.dtype)
+            elif (arr.shape != spec.shape or arr.dtype != spec.dtype
+                  or not arr.flags.c_contiguous or not arr.flags.writeable):
+                raise ArtifactError(f"{self.name}: out['{spec.name}'] must be a writable "
+                                    f"C-contiguous {spec.dtype}{list(spec.shape)} array")
+            self._outv[j] = arr.ctypes.data
+            results[spec.name] = arr
+        self._fn(self._argv_addr, self._outv_addr, self._arena_addr)
+        if self.updates_in_place:
+            self.model.step += 1
+        return results
+
+    def bind(self, inputs: Mapping[str, np.ndarray] | None = None) -> Bound:
+        """A call with fixed buffers: fill `bound.inputs[...]` (e.g. `np.take(..., out=)`),
+        set `bound.rng`, call `bound()`; results land in `bound.outputs`. Costs one ctypes
+        call (about a microsecond), for loops where `__call__`'s argument handling shows."""
+        return Bound(self, inputs)
+
+    def profile_events(self) -> np.ndarray:
+        """(kernels, 2) start and end times in ns of each kernel in the latest call (profiled
+        builds only)."""
+        if self._profile is None:
+            raise ArtifactError(f"'{self.model.path}' was not compiled with profiling "
+                                "(nfc compile --profile)")
+        return self._profile.reshape(-1, 2).copy()
+
+
+class Bound:
+    """A `Function` bound to its own input, output and rng buffers (see `Function.bind`)."""
+
+    def __init__(self, fn: Function, inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        self.fn = fn
+        given = dict(inputs or {})
+        self.inputs: dict[str, np.ndarray] = {}
+        for spec in fn.inputs:
+            arr = given.pop(spec.name, None)
+            if arr is None:
+                arr = aligned_zeros(spec.shape, spec.dtype)
+            elif (arr.shape != spec.shape or arr.dtype != spec.dtype
+                  or not arr.flags.c_contiguous):
+                raise ArtifactError(f"{fn.name}: bound input '{spec.name}' must be a "
+                                    f"C-contiguous {spec.dtype}{list(spec.shape)} array")
+            self.inputs[spec.name] = arr
+        if given:
+            raise ArtifactError(f"{fn.name}: unknown input(s) {', '.join(sorted(given))}")
+        self.outputs = {spec.name: aligned_empty(spec.shape, spec.dtype) for spec in fn.outputs}
+        self.rng = aligned_zeros((2,), np.int64)
+        self._argv = (ctypes.c_void_p * max(1, len(fn.args)))(*fn._argv)
+        for spec in fn.args:
+            slot = fn._slots.get(spec.name)
+            if slot is None:
+                continue
+            arr = self.rng if spec.role == "rng" else self.inputs[spec.name]
+            self._argv[slot] = arr.ctypes.data
+        self._outv = (ctypes.c_void_p * max(1, len(fn.outputs)))(
+            *[a.ctypes.data for a in self.outputs.values()])
+        self._args = (ctypes.addressof(self._argv), ctypes.addressof(self._outv),
+                      fn._arena_addr)
+
+    def __call__(self) -> dict[str, np.ndarray]:
+        """Run the step on the bound buffers; returns `outputs` (overwritten next call)."""
+        self.fn._fn(*self._args)
+        if self.fn.updates_in_place:
+            self.fn.model.step += 1
+        return self.outputs
+
+
+class Model:
+    """A loaded artifact: its functions, metadata and the persistent tensors it owns."""
+
+    def __init__(self, path: str, lib: ctypes.CDLL, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.lib = lib
+        self.metadata = meta
+        self.seed = 0
+        self.step = 0
+        self.specs = {t["name"]: TensorSpec.of(t) for t in meta["tensors"]}
+        self.tensors: dict[str, np.ndarray] = {
+            name: aligned_zeros(s.shape, s.dtype) for name, s in self.specs.items()}
+        self.functions = {name: Function(self, name, fm)
+                          for name, fm in meta["functions"].items()}
+
+    def symbol(self, name: str, restype: Any = None) -> Any:
+        """An exported symbol of the library (a ctypes function)."""
+        try:
+            fn = getattr(self.lib, name)
+        except AttributeError:
+            raise ArtifactError(f"'{self.path}' does not export {name}") from None
+        fn.restype = restype
+        return fn
+
+    def __getattr__(self, name: str) -> Function:
+        functions = self.__dict__.get("functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or function '{name}' "
+                             f"(functions: {', '.join(functions)})")
+
+    def role(self, role: str) -> dict[str, np.ndarray]:
+        """The persistent tensors with `role` ("param", "state", "opt_state"), by name."""
+        return {n: a for n, a in self.tensors.items() if self.specs[n].role == role}
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The parameters (arrays owned by the model, updated in place by training)."""
+        return self.role("param")
+
+    def init(self, seed: int = 0) -> None:
+        """Fill every persistent tensor from its initializer (native `nfc_init`); resets the
+        step counter and sets the seed of the rng argument."""
+        fn = self.symbol("nfc_init")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        table = (ctypes.c_void_p * max(1, len(self.tensors)))(
+            *[a.ctypes.data for a in self.tensors.values()])
+        fn(table, ctypes.c_int64(int(seed) & 0xFFFFFFFF))
+        self.seed = int(seed)
+        self.step = 0
+
+    def set_num_threads(self, n: int) -> None:
+        """Threads used by the parallel loops of every kernel (libgomp's team size)."""
+        fn = self.symbol("nfc_set_num_threads")
+        fn.argtypes = [ctypes.c_int32]
+        fn(int(n))
+
+    def get_num_threads(self) -> int:
+        """Threads the parallel loops use."""
+        return int(self.symbol("nfc_get_num_threads", restype=ctypes.c_int32)())
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the persistent tensors, by name."""
+        return {n: a.copy() for n, a in self.tensors.items()}
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copy arrays into the persistent tensors (in place: bound pointers stay valid)."""
+        missing = sorted(set(self.tensors) - set(arrays))
+        if missing:
+            raise ArtifactError(f"state is missing tensor(s) {', '.join(missing)}")
+        for name, dst in self.tensors.items():
+            src = np.asarray(arrays[name])
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ArtifactError(f"tensor '{name}' must be {dst.dtype}{list(dst.shape)}, "
+                                    f"got {src.dtype}{list(src.shape)}")
+            np.copyto(dst, src)
+
+
+def load(path: str | os.PathLike[str], *, check_cpu_features: bool = True) -> Model:
+    """Open the artifact at `path` (see the module doc)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise ArtifactError(f"no such file: '{p}'")
+    lib = _open_library(p)
+    meta = read_metadata(lib, p)
+    if check_cpu_features:
+        check_cpu(meta, p)
+    return Model(p, lib, meta)

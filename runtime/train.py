@@ -1,0 +1,419 @@
+"""The static training loop behind `nfc train`: one native call per step.
+
+    model = compile (or load) → init from the initializers with the seed (or resume)
+    for each epoch: for each shuffled full batch: train_step(x, y, rng=(seed, step))
+                    evaluate on the test split → metrics, checkpoint, progress
+
+Everything a step depends on is the model's tensors, the batch and `(seed, step)`; the batch
+order is a seeded generator whose state is saved with the tensors (nfc.runtime.data,
+nfc.runtime.checkpoint). So a run resumed from a checkpoint computes the very same steps as an
+uninterrupted one and ends with bit-identical parameters (the native step is deterministic for
+a fixed thread count: parallel loops split work statically, reductions are never atomic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nfc.runtime import checkpoint as ckpt
+from nfc.runtime import data as datasets
+from nfc.runtime.loader import ArtifactError, Model
+
+
+class TrainError(ValueError):
+    """A training setup that cannot work (wrong data for the model, missing function...)."""
+
+
+@dataclass
+class TrainConfig:
+    """Options of a training run (the `nfc train` flags)."""
+
+    source: str
+    data: str = "digits"
+    epochs: int = 1
+    batch: int | None = None
+    lr: float | None = None
+    seed: int = 0
+    settings: tuple[str, ...] = ()
+    metrics: str | None = None
+    plot: str | None = None
+    checkpoint: str | None = None
+    every: int = 0
+    """Checkpoint every this many steps (0: at the end of every epoch)."""
+    resume: bool = False
+    profile: bool = False
+    trace: str | None = None
+    threads: int | None = None
+    """Threads of parallel loops (None: `default_threads`)."""
+    progress: bool = True
+    step_delay: float = 0.0
+    max_steps: int | None = None
+    use_cache: bool = True
+    tuning: bool = True
+    """Use tuned schedules from the tuning cache (nfc tune)."""
+    keep: int = 3
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
+
+
+@dataclass
+class TrainResult:
+    """What a run achieved."""
+
+    steps: int
+    epochs: float
+    """Epochs done (fractional when stopped mid-epoch by --max-steps)."""
+    losses: list[float]
+    test_accuracy: float | None
+    test_loss: float | None
+    step_seconds: float
+    """Median wall time of one step call (Python overhead included)."""
+    model: Model
+    threads: int = 1
+    profile: Any = None
+
+
+#: Steps cheaper than this many FLOPs run on one thread by default: a parallel region costs a
+#: few microseconds when the machine is idle, and on a busy machine a team waiting at a barrier
+#: for a descheduled thread costs milliseconds, far more than such a step gains.
+SMALL_STEP_FLOPS = 32e6
+
+
+def default_threads(meta: Mapping[str, Any], function: str = "train_step") -> int:
+    """Threads for `function` when none are asked for: 1 for small steps, else every core
+    (`OMP_NUM_THREADS` when set)."""
+    fm = meta["functions"].get(function) or next(iter(meta["functions"].values()))
+    flops = sum(float(k.get("flops", 0)) for k in fm["kernels"])
+    if flops < SMALL_STEP_FLOPS:
+        return 1
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+
+
+def model_io(fmeta: Mapping[str, Any]) -> tuple[datasets.InputSpec, datasets.InputSpec | None]:
+    """The feature input and the label input of a function, from its metadata."""
+    from nfc.runtime.loader import TensorSpec
+
+    inputs = [TensorSpec.of(a) for a in fmeta["args"] if a.get("role") == "input"]
+    if not inputs:
+        raise TrainError("the model has no inputs to feed data into")
+    by_name = {a.name: a for a in inputs}
+    x = by_name.get("x") or next((a for a in inputs if a.dtype.kind == "f"), inputs[0])
+    rest = [a for a in inputs if a is not x]
+    y = by_name.get("y") if by_name.get("y") is not x else None
+    y = y or next((a for a in rest if a.dtype.kind in "iu"), None)
+    extra = [a.name for a in rest if a is not y]
+    if extra:
+        raise TrainError(f"the model has inputs {', '.join(extra)} besides '{x.name}' and "
+                         f"'{y.name if y else '-'}'; nfc train feeds one feature and one "
+                         "label input")
+    return (datasets.InputSpec(x.name, x.shape, x.dtype),
+            datasets.InputSpec(y.name, y.shape, y.dtype) if y else None)
+
+
+def model_classes(meta: Mapping[str, Any]) -> int:
+    """Classes of the model: the last dimension of a `logits` result (else 10)."""
+    for fname in ("eval", "forward", "train_step"):
+        fm = meta["functions"].get(fname)
+        for r in (fm or {}).get("results", []):
+            if r["name"] == "logits" and r["shape"]:
+                return int(r["shape"][-1])
+    return 10
+
+
+def evaluate(model: Model, ds: datasets.Dataset, function: str | None = None
+             ) -> tuple[float | None, float | None]:
+    """(accuracy, mean loss) of `model` on the test split (None where not available)."""
+    if ds.x_test is None or ds.y_test is None:
+        return None, None
+    name = function or next((f for f in ("eval", "forward") if f in model.functions), None)
+    if name is None:
+        return None, None
+    fn = model.functions[name]
+    x, y = model_io(fn.meta)
+    batch = x.shape[0]
+    correct = 0
+    loss_sum, loss_n = 0.0, 0
+    outs = {o.name for o in fn.outputs}
+    for idx, real in datasets.eval_batches(len(ds.x_test), batch):
+        feeds = {x.name: ds.x_test[idx]}
+        if y is not None:
+            feeds[y.name] = ds.y_test[idx]
+        res = fn(rng=(model.seed, 0), **feeds)
+        if "logits" in res:
+            pred = np.argmax(res["logits"].reshape(batch, -1), axis=1)[:real]
+            correct += int(np.sum(pred == ds.y_test[idx][:real]))
+        if "loss" in res and real == batch:  # padded batches would count repeats
+            loss_sum += float(res["loss"])
+            loss_n += 1
+    acc = correct / len(ds.x_test) if "logits" in outs else None
+    return acc, (loss_sum / loss_n if loss_n else None)
+
+
+class _Progress:
+    """tqdm when installed and stderr is a terminal, else a plain line every few seconds."""
+
+    def __init__(self, total: int, initial: int, enabled: bool, log: Callable[[str], None]):
+        self.bar = None
+        self.log = log
+        self.enabled = enabled
+        self.total = total
+        self.last = time.perf_counter()
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def update(self, step: int, epoch: int, loss: float, rate: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(epoch=epoch, loss=f"{loss:.4f}", refresh=False)
+            self.bar.update(1)
+        elif self.enabled and time.perf_counter() - self.last > 2.0:
+            self.last = time.perf_counter()
+            self.log(f"step {step}/{self.total} epoch {epoch} loss {loss:.4f} "
+                     f"{rate:.0f} steps/s")
+
+    def write(self, text: str) -> None:
+        """A line that does not break the bar."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            self.log(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _metrics_file(path: str | None, resume_step: int | None):
+    if path is None:
+        return None
+    p = Path(path)
+    if resume_step is not None and p.exists():
+        # drop what the interrupted run logged after the checkpoint we resume from
+        kept = []
+        for line in p.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if int(rec.get("step", 0)) <= resume_step and rec.get("event") != "final":
+                kept.append(line)
+        p.write_text("".join(x + "\n" for x in kept))
+        return open(p, "a", encoding="utf-8")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return open(p, "w", encoding="utf-8")
+
+
+def _open_model(cfg: TrainConfig) -> Model:
+    from nfc.runtime.build import load_model
+
+    settings = list(cfg.settings)
+    if cfg.source.endswith(".so"):
+        if settings:
+            raise TrainError("--set applies when compiling a model file, not to a .so")
+        if cfg.lr is not None:
+            raise TrainError("--lr applies when compiling a model file: the learning rate of "
+                             "a .so is compiled in (nfc compile --set opt.lr=...)")
+        model = load_model(cfg.source)
+        if cfg.profile and not model.metadata.get("profile"):
+            raise TrainError(f"'{cfg.source}' was compiled without profiling; use "
+                             "`nfc compile --profile` or train the model file")
+    else:
+        if cfg.batch is not None and not any(s.startswith("batch=") for s in settings):
+            settings.append(f"batch={cfg.batch}")
+        if cfg.lr is not None:
+            settings.append(f"opt.lr={cfg.lr}")
+        model = load_model(cfg.source, settings=settings, profile=cfg.profile,
+                           use_cache=cfg.use_cache, tuning=cfg.tuning,
+                           log=cfg.log if cfg.progress else None)
+    if "train_step" not in model.functions:
+        raise TrainError(f"'{cfg.source}' has no train_step: the model needs "
+                         "`minimize <loss> with <optimizer>(...)`")
+    return model
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run the training loop described by `cfg` (see the module doc)."""
+    from nfc.runtime.profile import Profiler
+
+    model = _open_model(cfg)
+    step_fn = model.functions["train_step"]
+    x_spec, y_spec = model_io(step_fn.meta)
+    if y_spec is None:
+        raise TrainError("nfc train needs a label input (an integer input such as y: i32[B])")
+    batch = x_spec.shape[0]
+    if cfg.batch is not None and cfg.batch != batch:
+        raise TrainError(f"--batch {cfg.batch} but '{cfg.source}' was compiled for batch "
+                         f"{batch}")
+    threads = cfg.threads or default_threads(model.metadata)
+    model.set_num_threads(threads)
+    ds = datasets.load(cfg.data, x_spec, model_classes(model.metadata))
+    order = datasets.BatchOrder(len(ds.x_train), batch, cfg.seed)
+    resume_step = None
+    if cfg.resume:
+        if not cfg.checkpoint:
+            raise TrainError("--resume needs --checkpoint DIR")
+        last = ckpt.latest(cfg.checkpoint)
+        if last is None:
+            cfg.log(f"nfc: no checkpoint in '{cfg.checkpoint}' yet; starting from scratch")
+    else:
+        last = None
+    if last is not None:
+        tensors, info = ckpt.load(last)
+        try:
+            model.load_state_dict(tensors)
+        except ArtifactError as exc:
+            raise TrainError(f"checkpoint '{last}' does not fit this model: {exc}") from None
+        if info.get("data") != cfg.data or info.get("seed") != cfg.seed:
+            raise TrainError(f"checkpoint '{last}' was made with --data {info.get('data')} "
+                             f"--seed {info.get('seed')}; resume with the same options")
+        order.restore(info["order"])
+        model.seed = cfg.seed
+        model.step = int(info["step"])
+        resume_step = model.step
+        cfg.log(f"nfc: resumed from {last} (step {model.step}, epoch {order.epoch})")
+    else:
+        model.init(cfg.seed)
+    metrics = _metrics_file(cfg.metrics, resume_step)
+    profiler = Profiler(step_fn.meta["kernels"]) if cfg.profile else None
+    total = cfg.epochs * order.batches_per_epoch
+    if cfg.max_steps is not None:
+        total = min(total, cfg.max_steps)
+    progress = _Progress(total, model.step, cfg.progress, cfg.log)
+    losses: list[float] = []
+    times: list[float] = []
+    acc = tloss = None
+    bound = step_fn.bind()
+    xb, yb = bound.inputs[x_spec.name], bound.inputs[y_spec.name]
+    t_start = time.perf_counter()
+
+    def save() -> None:
+        if cfg.checkpoint:
+            ckpt.save(cfg.checkpoint, model.step, model.tensors,
+                      {"seed": cfg.seed, "data": cfg.data, "order": order.state(),
+                       "epoch": order.epoch, "source": os.path.basename(cfg.source)},
+                      keep=cfg.keep)
+
+    def log(rec: dict[str, Any]) -> None:
+        if metrics is not None:
+            metrics.write(json.dumps(rec) + "\n")
+
+    try:
+        while order.epoch < cfg.epochs and model.step < total:
+            epoch_losses = []
+            for idx in order.epoch_batches():
+                np.take(ds.x_train, idx, axis=0, out=xb)
+                np.take(ds.y_train, idx, axis=0, out=yb)
+                bound.rng[0], bound.rng[1] = cfg.seed, model.step
+                t0 = time.perf_counter()
+                out = bound()
+                dt = time.perf_counter() - t0
+                if profiler is not None:
+                    profiler.add(step_fn.profile_events(), model.step)
+                loss = float(out["loss"]) if "loss" in out else float("nan")
+                losses.append(loss)
+                epoch_losses.append(loss)
+                times.append(dt)
+                log({"event": "step", "step": model.step, "epoch": order.epoch, "loss": loss,
+                     "step_ms": dt * 1e3})
+                progress.update(model.step, order.epoch, loss,
+                                1.0 / max(np.median(times[-50:]), 1e-9))
+                if cfg.checkpoint and cfg.every and model.step % cfg.every == 0:
+                    save()
+                if cfg.step_delay:
+                    time.sleep(cfg.step_delay)
+                if model.step >= total:
+                    break
+            acc, tloss = evaluate(model, ds)
+            rec = {"event": "epoch", "epoch": order.epoch, "step": model.step,
+                   "train_loss": float(np.mean(epoch_losses)) if epoch_losses else None,
+                   "test_accuracy": acc, "test_loss": tloss,
+                   "elapsed_s": time.perf_counter() - t_start}
+            log(rec)
+            if cfg.progress:
+                progress.write(_epoch_line(rec))
+            if cfg.checkpoint and not cfg.every:
+                save()
+            if order.pos >= order.batches_per_epoch:
+                order.next_epoch()
+        save()
+    finally:
+        progress.close()
+        if metrics is not None:
+            metrics.close()
+    step_s = float(np.median(times)) if times else 0.0
+    if cfg.metrics:
+        with open(cfg.metrics, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"event": "final", "step": model.step, "test_accuracy": acc,
+                                 "test_loss": tloss, "step_ms": step_s * 1e3}) + "\n")
+    if cfg.plot:
+        plot_metrics(cfg.metrics, losses, cfg.plot, resume_step)
+    if profiler is not None and cfg.trace:
+        profiler.write_trace(cfg.trace)
+    return TrainResult(model.step, model.step / order.batches_per_epoch, losses, acc, tloss,
+                       step_s, model, threads, profiler)
+
+
+def _epoch_line(rec: Mapping[str, Any]) -> str:
+    parts = []
+    if rec.get("train_loss") is not None:
+        parts.append(f"train loss {rec['train_loss']:.4f}")
+    if rec.get("test_accuracy") is not None:
+        parts.append(f"test accuracy {rec['test_accuracy'] * 100:.2f}%")
+    if rec.get("test_loss") is not None:
+        parts.append(f"test loss {rec['test_loss']:.4f}")
+    parts.append(f"{rec['elapsed_s']:.2f} s")
+    return f"epoch {rec['epoch']} (step {rec['step']}): " + ", ".join(parts)
+
+
+def plot_metrics(metrics: str | None, losses: list[float], path: str,
+                 resume_step: int | None = None) -> None:
+    """A PNG of the training loss per step (and test accuracy per epoch when logged)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TrainError("--plot needs matplotlib: pip install matplotlib") from None
+    steps: list[int] = []
+    vals: list[float] = []
+    accs: list[tuple[int, float]] = []
+    if metrics and os.path.exists(metrics):
+        for line in Path(metrics).read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("event") == "step":
+                steps.append(rec["step"])
+                vals.append(rec["loss"])
+            elif rec.get("event") == "epoch" and rec.get("test_accuracy") is not None:
+                accs.append((rec["step"], rec["test_accuracy"]))
+    else:
+        start = resume_step or 0
+        steps, vals = list(range(start, start + len(losses))), list(losses)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, vals, lw=0.8, color="tab:blue", label="train loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    if accs:
+        ax2 = ax.twinx()
+        ax2.plot([s for s, _ in accs], [a for _, a in accs], "o-", color="tab:orange",
+                 label="test accuracy")
+        ax2.set_ylabel("test accuracy")
+        ax2.set_ylim(0, 1)
+    ax.set_title("nfc train")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
