@@ -55,6 +55,14 @@ class Name(Expr):
 
 
 @dataclass(frozen=True)
+class EllipsisExpr(Expr):
+    """`...`: the leading dimensions of a rank-polymorphic op (first in a type `T[..., D]`),
+    or their indices (first in an index list `y[..., d]` or a subscript `x[..., d]`)."""
+
+    depth: int = field(default=1, compare=False)
+
+
+@dataclass(frozen=True)
 class Subscript(Expr):
     """`x[i, j + 1]`: an element of the tensor named `name`."""
 
@@ -230,7 +238,8 @@ class Assign(Stmt):
 
 @dataclass(frozen=True)
 class LhsIndex(Node):
-    """An output index of a comprehension, optionally with an explicit range."""
+    """An output index of a comprehension, optionally with an explicit range; the name
+    `...` stands for the leading indices of a rank-polymorphic op."""
 
     name: str
     lo: Expr | None = None

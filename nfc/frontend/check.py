@@ -10,9 +10,10 @@ import difflib
 
 from nfc.diagnostics import Diagnostic, note
 from nfc.frontend import ast
+from nfc.frontend.builtins import BUILTINS
 from nfc.frontend.context import shorten
+from nfc.frontend.ellipsis import ELLIPSIS, WHERE, leading, type_errors
 from nfc.frontend.loader import ModuleScope
-from nfc.frontend.lower import BUILTINS
 from nfc.frontend.scalars import INTRINSIC_ARITY
 from nfc.frontend.shapes import DTYPES, is_dtype_var, names_in
 
@@ -46,6 +47,11 @@ class _OpChecker:
             seen[item.name] = item
         defined |= {c.name for c in op.cparams}
         dtype_vars: set[str] = set()
+        for p in (*op.params, *op.outputs):
+            for bad, msg in type_errors(p.type):
+                self.err(msg, bad.loc)
+        if any(leading(p.type) for p in op.params):
+            defined.add(ELLIPSIS)
         for p in op.params:
             dt = p.type.dtype
             if is_dtype_var(dt):
@@ -61,6 +67,9 @@ class _OpChecker:
                          p.type.dtype_loc)
             elif not is_dtype_var(dt) and dt not in DTYPES:
                 self.unknown(dt, p.type.dtype_loc, set(DTYPES), "dtype")
+            if leading(p.type) and ELLIPSIS not in defined:
+                self.err(f"'...' in the result type of '{op.name}' is not bound by any "
+                         "parameter", p.type.dims[0].loc)
             for d in p.type.dims:
                 for n in names_in(d):
                     if n not in defined:
@@ -87,7 +96,12 @@ class _OpChecker:
                 defined |= {t.name for t in s.targets}
             elif isinstance(s, ast.Comprehension):
                 idx = set()
-                for ix in s.indices:
+                for k, ix in enumerate(s.indices):
+                    if ix.name == ELLIPSIS and k > 0:
+                        self.err("'...' must come first in an index list", ix.loc)
+                    elif ix.name == ELLIPSIS and ELLIPSIS not in defined:
+                        self.err("'...' in an index list stands for the leading indices of an "
+                                 "op whose signature has '...' (`x: T[..., D]`)", ix.loc)
                     for bound in (ix.lo, ix.hi):
                         if bound is not None:
                             self.expr(bound, defined, set())
@@ -114,6 +128,18 @@ class _OpChecker:
         elif isinstance(e, ast.Subscript):
             if e.name not in defined:
                 self.unknown(e.name, e.name_loc, defined)
+            for k, ix in enumerate(e.indices):
+                if not isinstance(ix, ast.EllipsisExpr):
+                    self.expr(ix, defined, idx)
+                elif k > 0:
+                    self.err(WHERE, ix.loc)
+                elif ELLIPSIS not in idx:
+                    self.err("'...' in a subscript stands for the '...' indices of the "
+                             "left-hand side, which has none: write `y[..., d] = x[..., d]`",
+                             ix.loc)
+            return
+        elif isinstance(e, ast.EllipsisExpr):
+            self.err(WHERE, e.loc)
         elif isinstance(e, ast.Call):
             known = e.fn in INTRINSIC_ARITY or e.fn in DTYPES or e.fn in BUILTINS \
                 or e.fn in defined or e.fn in self.scope.ops or e.fn in self.scope.imported

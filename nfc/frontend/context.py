@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from nfc.diagnostics import CompileError, Diagnostic, error, note
 from nfc.frontend import ast
+from nfc.frontend.ellipsis import ELLIPSIS, leading
 from nfc.frontend.limits import MAX_UNROLLED
 from nfc.frontend.shapes import CTValue, format_tensor_type, names_in, with_bindings
 from nfc.ir import ComputeOp, DType, Load, Loc, Op, Value
@@ -38,7 +39,12 @@ class TensorInfo:
         if self.decl_type is None or self.values is None:
             return self.decl_text
         dims = self.decl_type.dims
-        names = names_in(dims[dim]) if dim is not None and dim < len(dims) else None
+        lead = self.values.get(ELLIPSIS) if leading(self.decl_type) else None
+        if isinstance(lead, tuple) and dim is not None:
+            # the value's dimension `dim` is one of `...` or a declared one after it
+            names = [ELLIPSIS] if dim < len(lead) else names_in(dims[dim - len(lead) + 1])
+        else:
+            names = names_in(dims[dim]) if dim is not None and dim < len(dims) else None
         text = with_bindings(self.decl_type, self.values, names)
         return text.replace(self.decl_type.dtype, str(self.value.dtype), 1)
 

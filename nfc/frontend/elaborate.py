@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from nfc.diagnostics import CompileError, error, note
 from nfc.frontend import ast
 from nfc.frontend.context import CT, POISON, Ctx, DTypeB, Env, Poisoned, TensorInfo
+from nfc.frontend.ellipsis import ELLIPSIS
 from nfc.frontend.limits import MAX_CALL_DEPTH, MAX_UNROLLED, check_elements
 from nfc.frontend.loader import suggest
 from nfc.frontend.lower import Lowering
@@ -230,6 +231,8 @@ class Elaborator(Lowering):
             values.append(self.materialize(tv, None, a.loc))
         b = unify_params(op, [v.type for v in values], [a.loc for a in e.args], cvals)
         known: dict[str, CTValue] = {**cvals, **b.dims}
+        if b.ellipsis is not None:
+            known[ELLIPSIS] = b.ellipsis
         env = Env(scope, self.env.training)
         env.vars.update({k: CT(v) for k, v in known.items()})
         env.vars.update({k: DTypeB(v) for k, v in b.dtypes.items()})
@@ -302,8 +305,16 @@ class Elaborator(Lowering):
             else:
                 raise error(f"dtype variable '{dt}' of the result of '{op.name}' is not bound "
                             "by any parameter", p.type.dtype_loc, note("called here", e.loc))
-            dims = []
+            dims: list[int] = []
             for d in p.type.dims:
+                if isinstance(d, ast.EllipsisExpr):
+                    lead = known.get(ELLIPSIS)
+                    if not isinstance(lead, tuple):
+                        raise error(f"'...' in the result type of '{op.name}' is not bound by "
+                                    "any parameter", d.loc, note("called here", e.loc))
+                    dims += lead
+                    continue
+
                 def look(n: str, loc: ast.Loc) -> CTValue:
                     if n in known:
                         return known[n]

@@ -21,7 +21,7 @@ from nfc.ir import Loc
 
 #: Names an op may not take: casts and builtins. (An op may share an intrinsic's name, like the
 #: stdlib's `tanh`; calls then mean the intrinsic, which works on every rank.)
-RESERVED = {*DTYPES, "reshape", "transpose", "training"}
+RESERVED = {*DTYPES, "reshape", "transpose", "zeros", "full", "zeros_like", "training"}
 
 
 def std_dir() -> Path:
@@ -89,6 +89,31 @@ def parse_file_cached(path: Path) -> ast.Program:
     return program
 
 
+_TEXTS: dict[tuple[str, str], ast.Program] = {}
+#: Most root sources whose trees are kept, and the longest kept (compile_op and tests compile
+#: the same library again and again; parsing it costs far more than elaborating one op).
+_TEXTS_KEPT, _TEXT_MAX = 8, 1 << 20
+
+
+def parse_text_cached(text: str, filename: str) -> ast.Program:
+    """Parse source text, reusing the tree of an identical text with the same file name."""
+    key = (filename, text)
+    with _CACHE_LOCK:
+        hit = _TEXTS.get(key)
+    if hit is not None:
+        from nfc.diagnostics import SOURCES
+
+        SOURCES.add(filename, text)
+        return hit
+    program = parse(text, filename)
+    if len(text) <= _TEXT_MAX:
+        with _CACHE_LOCK:
+            while len(_TEXTS) >= _TEXTS_KEPT:
+                _TEXTS.pop(next(iter(_TEXTS)))
+            _TEXTS[key] = program
+    return program
+
+
 class Loader:
     """Loads a root file and everything it imports, collecting diagnostics."""
 
@@ -100,7 +125,7 @@ class Loader:
 
     def load_root(self, text: str, filename: str) -> ModuleScope:
         """Parse `text` and its imports; syntax errors of the root raise at once."""
-        program = parse(text, filename)
+        program = parse_text_cached(text, filename)
         base = Path(filename).resolve().parent if Path(filename).parent.is_dir() else Path.cwd()
         key = str(Path(filename).resolve())
         self.stack.append(key)

@@ -7,13 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nfc.diagnostics import CompileError, Diagnostic, error, note
-from nfc.frontend import ast, scalars
+from nfc.frontend import ast, builtins, scalars
+from nfc.frontend.builtins import BUILTINS
 from nfc.frontend.context import CT, Ctx, DTypeB, Env, Poison, Poisoned, TensorInfo
+from nfc.frontend.ellipsis import ELLIPSIS, WHERE, ellipsis_names, expand, ir_name
 from nfc.frontend.limits import check_elements
 from nfc.frontend.ranges import Range, RangeTable, explicit, infer
 from nfc.frontend.scalars import SV, STy, default_dtype
-from nfc.frontend.shapes import DTYPES, CTValue, eval_ct, eval_int, format_ct
-from nfc.frontend.tensors import TV, elementwise, reshape_body, transpose_body
+from nfc.frontend.shapes import DTYPES, CTValue, eval_int, format_ct
+from nfc.frontend.tensors import TV, elementwise
 from nfc.ir import (
     Axis,
     Binary,
@@ -31,7 +33,6 @@ from nfc.ir import (
 )
 
 IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
-BUILTINS = ("reshape", "transpose")
 
 
 @dataclass
@@ -49,12 +50,14 @@ class Scope:
         return Scope(dict(self.names), list(self.order), list(self.guards), self.ranges,
                      self.used)
 
-    def bind(self, name: str, rng: Range) -> Axis:
-        """Introduce index `name`; its IR name is unique within the statement."""
-        ir_name = name
+    def bind(self, name: str, rng: Range, base: str | None = None) -> Axis:
+        """Introduce index `name`; its IR name (`base`, by default `name`) is unique within
+        the statement."""
+        base = base or name
+        ir_name = base
         n = 1
         while ir_name in self.used:
-            ir_name = f"{name}_{n}"
+            ir_name = f"{base}_{n}"
             n += 1
         self.used.add(ir_name)
         ex: Expr = Index(ir_name)
@@ -107,6 +110,22 @@ class Lowering:
         """Shape of the tensor named `name`, None if it is not a tensor."""
         b = self.env.get(name)
         return b.value.shape if isinstance(b, TensorInfo) else None
+
+    def const_of(self, name: str) -> CTValue | None:
+        """The value of a compile-time name, None for anything else."""
+        b = self.env.get(name)
+        return b.value if isinstance(b, CT) else None
+
+    def infer(self, stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]],
+              value: ast.Expr) -> RangeTable:
+        """Index ranges of a statement (nfc.frontend.ranges.infer). When inference fails
+        and an accessed tensor is unknown or failed, that is reported (or silenced) instead,
+        so a failed definition does not cascade into range errors."""
+        def accessed(subs: list[ast.Subscript]) -> None:
+            for sub in subs:
+                self.tensor_info(sub.name, sub.name_loc)
+
+        return infer(stmt, lhs, value, self.shape_of, self.ct_int, self.const_of, accessed)
 
     def dtype_named(self, name: str) -> DType | None:
         """The dtype a cast named `name` converts to, None if `name` is no dtype."""
@@ -184,6 +203,8 @@ class Lowering:
         if isinstance(e, ast.Unary):
             x = self.scalar(e.x, sc)
             return scalars.negate(x, e.loc) if e.op == "neg" else scalars.logical_not(x, e.loc)
+        if isinstance(e, ast.EllipsisExpr):
+            raise error(WHERE, e.loc)
         if isinstance(e, ast.IfExp):
             c = self.scalar(e.cond, sc)
             if c.const is not None:
@@ -284,6 +305,7 @@ class Lowering:
                       declared: TensorType | None, name: str, loc: Loc) -> ComputeOp:
         """One compute for `name[lhs] = value` (reductions inside are hoisted)."""
         fixed: list[tuple[str, ast.Node, Range | None]] = []
+        lhs, value, lead = self.expand_ellipsis(lhs, value)
         if declared is not None and len(lhs) != declared.rank:
             raise error(f"'{name}' is declared with rank {declared.rank} but assigned with "
                         f"{len(lhs)} indices", loc)
@@ -292,15 +314,18 @@ class Lowering:
             if ix.lo is not None and ix.hi is not None:
                 rng = explicit(ix.lo, ix.hi, ix.name, ix, self.ct_int)
                 if declared is not None and rng.extent != declared.shape[k]:
-                    raise error(f"index '{ix.name}' ranges over {rng.extent} values but "
+                    shown = "'...'" if ix.name.startswith(ELLIPSIS) else f"'{ix.name}'"
+                    raise error(f"index {shown} ranges over {rng.extent} values but "
                                 f"dimension {k} of '{name}' has size {declared.shape[k]}",
                                 ix.loc)
             elif declared is not None:
                 rng = Range(0, declared.shape[k])
             fixed.append((ix.name, ix, rng))
-        table = infer(stmt, fixed, value, self.shape_of, self.ct_int)
+        table = self.infer(stmt, fixed, value)
         sc = Scope({}, [], [], table)
-        dims = tuple(sc.bind(ix.name, table[(id(stmt), ix.name)]) for ix in lhs)
+        dims = tuple(sc.bind(ix.name, table[(id(stmt), ix.name)],
+                             ir_name(ix.name, lead) if k < lead else None)
+                     for k, ix in enumerate(lhs))
         shape = tuple(a.extent for a in dims)
         check_elements(shape, f"'{name}'", loc)
         reduce, raxes = None, ()
@@ -315,6 +340,25 @@ class Lowering:
         op = ComputeOp(TensorType(shape, dtype), dims, body.expr, reduce=reduce, raxes=raxes,
                        loc=loc, name=name)
         return op
+
+    def expand_ellipsis(self, lhs: list[ast.LhsIndex], value: ast.Expr
+                        ) -> tuple[list[ast.LhsIndex], ast.Expr, int]:
+        """`y[..., d] = x[..., d]` with the indices `...` stands for written out (they range
+        over the leading dimensions bound at the call), and their number."""
+        bad = [ix for k, ix in enumerate(lhs) if ix.name == ELLIPSIS and k > 0]
+        if bad:
+            raise error("'...' must come first in an index list", bad[0].loc)
+        if not lhs or lhs[0].name != ELLIPSIS:
+            return lhs, expand(value, None), 0
+        b = self.env.get(ELLIPSIS)
+        if not isinstance(b, CT) or not isinstance(b.value, tuple):
+            raise error("'...' in an index list stands for the leading indices of an op whose "
+                        "signature has '...' (`x: T[..., D]`)", lhs[0].loc)
+        loc = lhs[0].loc
+        names = ellipsis_names(len(b.value))
+        lead = [ast.LhsIndex(loc, n, ast.Num(loc, 0), ast.Num(loc, size))
+                for n, size in zip(names, b.value, strict=True)]
+        return lead + lhs[1:], expand(value, names), len(names)
 
     # ---- whole-tensor expressions -------------------------------------------------------
 
@@ -356,7 +400,7 @@ class Lowering:
                                 f"comprehensions (`t[{ix.id}, ...] = ...`) and reductions",
                                 ix.loc)
         if isinstance(e, ast.Subscript | ast.Reduce):
-            sc = Scope({}, [], [], infer(e, [], e, self.shape_of, self.ct_int))
+            sc = Scope({}, [], [], self.infer(e, [], e))
             sv = self.scalar(e, sc)
             if isinstance(sv.expr, Load) and not sv.expr.indices:
                 return TV.of(sv.expr.tensor)
@@ -408,19 +452,8 @@ class Lowering:
                            f"'{e.fn}'")
 
     def builtin(self, e: ast.Call) -> TV:
-        """`reshape<[dims]>(x)` and `transpose<[perm]>(x)`."""
-        if len(e.targs) != 1 or e.targs[0].name not in (None, "shape", "perm"):
-            raise error(f"'{e.fn}' takes one list of compile-time integers: "
-                        f"`{e.fn}<[...]>(x)`", e.loc)
-        self.arity(e, 1)
-        value = eval_ct(e.targs[0].value, self.ct_lookup)
-        if not isinstance(value, tuple):
-            raise error(f"'{e.fn}' needs a list `[...]`, found {format_ct(value)}",
-                        e.targs[0].loc)
-        src = self.tv(e.args[0])
-        if e.fn == "reshape":
-            return reshape_body(src, value, e.loc)
-        return transpose_body(src, value, e.loc)
+        """`reshape`, `transpose`, `zeros`, `full`, `zeros_like` (nfc.frontend.builtins)."""
+        return builtins.builtin(self, e)
 
     def call_op(self, e: ast.Call) -> list[TensorInfo]:
         """Inline an op call (implemented by the elaborator)."""

@@ -23,7 +23,8 @@ from nfc.ir import Loc
 
 _REDOPS = {"SUM": "sum", "PROD": "prod", "MAX": "max", "MIN": "min"}
 _BODY_START = {"NAME", "INT", "FLOAT", "LPAR", "TRUE", "FALSE", "NOT", *_REDOPS}
-_EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "MINUS", "NOT", "TRUE", "FALSE", *_REDOPS}
+_EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "MINUS", "NOT", "TRUE", "FALSE", "ELLIPSIS",
+               *_REDOPS}
 _OPERATORS = {"PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "LT", "LE", "GT", "GE",
               "EQEQ", "NE", "AND", "OR"}
 DECL_KINDS = ("input", "param", "state", "random")
@@ -234,7 +235,7 @@ class _Build(Transformer):
                                  kids[-1])
 
     def lhs_idx(self, kids: list[Any]) -> ast.LhsIndex:
-        if len(kids) == 1:
+        if len(kids) == 1:  # a name, or `...`
             return ast.LhsIndex(self.tloc(kids[0]), str(kids[0]))
         return ast.LhsIndex(self.loc(kids[0], kids[-1]), str(kids[0]), kids[2], kids[4])
 
@@ -296,6 +297,9 @@ class _Build(Transformer):
                 self.err(f"float literal '{text}' is too large", self.tloc(tok))
                 value = 0.0
         return ast.Num(self.tloc(tok), value)
+
+    def ellipsis(self, kids: list[Any]) -> ast.EllipsisExpr:
+        return ast.EllipsisExpr(self.tloc(kids[0]))
 
     def boolean(self, kids: list[Any]) -> ast.Bool:
         return ast.Bool(self.tloc(kids[0]), kids[0].type == "TRUE")

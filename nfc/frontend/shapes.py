@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from nfc.diagnostics import CompileError, error, note
 from nfc.frontend import ast
+from nfc.frontend.ellipsis import ELLIPSIS, WHERE, leading
 from nfc.frontend.limits import MAX_CT_INT
 from nfc.ir import DType, Loc, TensorType
 
@@ -41,6 +42,8 @@ def eval_ct(e: ast.Expr, lookup: Callable[[str, Loc], CTValue]) -> CTValue:
         return e.value
     if isinstance(e, ast.Name):
         return lookup(e.id, e.loc)
+    if isinstance(e, ast.EllipsisExpr):
+        raise error(WHERE, e.loc)
     if isinstance(e, ast.ListExpr):
         items = []
         for item in e.items:
@@ -109,7 +112,11 @@ def format_expr(e: ast.Expr, ctx: int = 0) -> str:
         return f"({text})" if p < ctx else text
     if isinstance(e, ast.ListExpr):
         return "[" + ", ".join(format_expr(i) for i in e.items) + "]"
-    return "..."
+    return "..."  # `...` itself, and anything that is not a compile-time expression
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 def format_type(t: ast.TypeExpr) -> str:
@@ -141,6 +148,8 @@ class Binding:
     dims: dict[str, int]
     dtypes: dict[str, DType]
     origin: dict[str, str]
+    ellipsis: tuple[int, ...] | None = None
+    """The leading dimensions `...` stands for (None when no parameter has `...`)."""
 
     def lookup(self, name: str, loc: Loc) -> CTValue:
         """A lookup function for eval_ct: unbound names raise Unbound."""
@@ -149,24 +158,38 @@ class Binding:
         raise Unbound(name)
 
 
-def _solve(e: ast.Expr, actual: int, known: Callable[[str, Loc], CTValue],
-           var: str) -> int | None:
-    """The value of `var` making `e == actual`, when `e` is affine in `var`; else None."""
-    def at(v: int) -> CTValue:
-        def look(n: str, loc: Loc) -> CTValue:
-            return v if n == var else known(n, loc)
-        return eval_ct(e, look)
+def _affine(e: ast.Expr, known: Callable[[str, Loc], CTValue],
+            var: str) -> tuple[int, int] | None:
+    """(a, b) with `e == a * var + b` when `e` looks affine in `var` (checked at 0, 1, 2)."""
     try:
-        f0, f1, f2 = at(0), at(1), at(2)
+        f0, f1, f2 = (_at(e, known, var, v) for v in (0, 1, 2))
     except (CompileError, Unbound):
         return None
     if not all(isinstance(f, int) and not isinstance(f, bool) for f in (f0, f1, f2)):
         return None
     a = f1 - f0  # type: ignore[operator]
-    if a == 0 or f2 - f1 != a or (actual - f0) % a:  # type: ignore[operator]
+    if a == 0 or f2 - f1 != a:  # type: ignore[operator]
         return None
-    v = (actual - f0) // a  # type: ignore[operator]
-    return v if at(v) == actual else None
+    return a, f0  # type: ignore[return-value]
+
+
+def _at(e: ast.Expr, known: Callable[[str, Loc], CTValue], var: str, v: int) -> CTValue:
+    def look(n: str, loc: Loc) -> CTValue:
+        return v if n == var else known(n, loc)
+    return eval_ct(e, look)
+
+
+def _solve(e: ast.Expr, actual: int, known: Callable[[str, Loc], CTValue],
+           var: str) -> int | None:
+    """The value of `var` making `e == actual`, when `e` is affine in `var`; else None."""
+    form = _affine(e, known, var)
+    if form is None or (actual - form[1]) % form[0]:
+        return None
+    v = (actual - form[1]) // form[0]
+    try:
+        return v if _at(e, known, var, v) == actual else None
+    except (CompileError, Unbound):
+        return None
 
 
 def unify_params(op: ast.OpDef, arg_types: list[TensorType], arg_locs: list[Loc],
@@ -194,10 +217,25 @@ def unify_params(op: ast.OpDef, arg_types: list[TensorType], arg_locs: list[Loc]
         elif dt in DTYPES and DTYPES[dt] != t.dtype:
             raise error(f"{where} has dtype {t.dtype} but parameter '{p.name}' expects {dt}",
                         arg_locs[i], decl)
-        if len(p.type.dims) != t.rank:
+        dims = p.type.dims
+        if leading(p.type):
+            dims = dims[1:]
+            if t.rank < len(dims):
+                raise error(f"{where} has rank {t.rank} ({format_tensor_type(t)}) but parameter "
+                            f"'{p.name}' expects rank {len(dims)} or more", arg_locs[i], decl)
+            lead = t.shape[:t.rank - len(dims)]
+            if b.ellipsis is None:
+                b.ellipsis = lead
+                b.origin[ELLIPSIS] = f"argument {i + 1}"
+            elif lead != b.ellipsis:
+                raise error(f"leading dimensions of {where} are {_dims(lead)} ('...' of "
+                            f"{format_tensor_type(t)}) but '...' = {_dims(b.ellipsis)} was bound "
+                            f"by {b.origin[ELLIPSIS]}", arg_locs[i], decl)
+        elif len(dims) != t.rank:
             raise error(f"{where} has rank {t.rank} ({format_tensor_type(t)}) but parameter "
-                        f"'{p.name}' expects rank {len(p.type.dims)}", arg_locs[i], decl)
-        pending += [(i, d, e) for d, e in enumerate(p.type.dims)]
+                        f"'{p.name}' expects rank {len(dims)}", arg_locs[i], decl)
+        off = t.rank - len(dims)
+        pending += [(i, d + off, e) for d, e in enumerate(dims)]
     progress = True
     while pending and progress:
         progress = False
@@ -225,6 +263,7 @@ def unify_params(op: ast.OpDef, arg_types: list[TensorType], arg_locs: list[Loc]
                 _mismatch(op, i, arg_types, arg_locs, b, cvals, e)
     if pending:
         i, d, e = pending[0]
+        _indivisible(op, i, d, e, arg_types, arg_locs, known, cvals, b)
         raise error(f"cannot infer {', '.join(repr(n) for n in names_in(e))} from "
                     f"dimension {d} of argument {i + 1} of '{op.name}' "
                     f"(size {arg_types[i].shape[d]}): only affine expressions in one unknown "
@@ -232,11 +271,37 @@ def unify_params(op: ast.OpDef, arg_types: list[TensorType], arg_locs: list[Loc]
     return b
 
 
+def _indivisible(op: ast.OpDef, i: int, d: int, e: ast.Expr, arg_types: list[TensorType],
+                 arg_locs: list[Loc], known: Callable[[str, Loc], CTValue],
+                 cvals: dict[str, CTValue], b: Binding) -> None:
+    """Raise a clear error when dimension `d` cannot be `e` because of divisibility
+    (`G * groups` of size 5 with groups = 2)."""
+    unknown = [n for n in names_in(e) if n not in cvals and n not in b.dims]
+    if len(unknown) != 1:
+        return
+    form = _affine(e, known, unknown[0])
+    actual = arg_types[i].shape[d]
+    if form is None or not (actual - form[1]) % form[0]:
+        return
+    a, c = form
+    size = f"{actual}" if c == 0 else f"{actual} - {c}" if c > 0 else f"{actual} + {-c}"
+    given = [f"{n} = {format_ct(known(n, e.loc))}" for n in names_in(e) if n != unknown[0]]
+    p = op.params[i]
+    raise error(f"dimension {d} of argument {i + 1} of '{op.name}' has size {actual}, but "
+                f"parameter '{p.name}' needs {format_expr(e)}"
+                f"{' with ' + ', '.join(given) if given else ''}: {size} is not a multiple "
+                f"of {abs(a)}", arg_locs[i],
+                note(f"parameter '{p.name}' declared here as {format_type(p.type)}", p.loc))
+
+
 def _mismatch(op: ast.OpDef, i: int, arg_types: list[TensorType], arg_locs: list[Loc],
               b: Binding, cvals: dict[str, CTValue], bad: ast.Expr) -> None:
     p = op.params[i]
     dims = []
     for e in p.type.dims:
+        if isinstance(e, ast.EllipsisExpr):
+            dims += [str(n) for n in b.ellipsis or ()]
+            continue
         try:
             dims.append(str(eval_ct(e, lambda n, loc: cvals[n] if n in cvals
                                     else b.lookup(n, loc))))
@@ -256,6 +321,8 @@ def with_bindings(t: ast.TypeExpr, values: dict[str, CTValue],
                   only: list[str] | None = None) -> str:
     """`T[N, K]` followed by the values of its variables (or of `only`): `with N = 64`."""
     names = only if only is not None else [n for d in t.dims for n in names_in(d)]
+    if leading(t) and ELLIPSIS in values and (only is None or ELLIPSIS in only):
+        names = [ELLIPSIS, *names]
     seen = [n for i, n in enumerate(names) if n in values and n not in names[:i]]
     text = format_type(t)
     if seen:

@@ -2,8 +2,9 @@
 #
 # Every op is a group of tensor comprehensions; nothing below is implemented in Python.
 # `T` is a dtype variable, so each op serves f32 and f64 (and f16/bf16) alike. Shape variables
-# (N, C, H, W, ...) are bound by unification at each call site. Layouts: row-major, images NCHW,
-# linear weights [in, out] (y = x @ w + b). docs/stdlib.md documents every op.
+# (N, C, H, W, ...) are bound by unification at each call site; `...` stands for any number of
+# leading dimensions (rank-polymorphic ops work on the last axis). Layouts: row-major, images
+# NCHW, linear weights [in, out] (y = x @ w + b). docs/stdlib.md documents every op.
 
 # ---------------------------------------------------------------------------------------------
 # matrix products and broadcasting adds
@@ -17,17 +18,18 @@ op bmm(a: T[B, N, K], b: T[B, K, M]) -> T[B, N, M] {
   y[i, n, m] = sum(k) a[i, n, k] * b[i, k, m]
 }
 
-op linear(x: T[N, K], w: T[K, M], b: T[M]) -> T[N, M] {
-  y[n, m] = (sum(k) x[n, k] * w[k, m]) + b[m]
+# x @ w + b over the last axis of x (any number of leading dimensions)
+op linear(x: T[..., K], w: T[K, M], b: T[M]) -> T[..., M] {
+  y[..., m] = (sum(k) x[..., k] * w[k, m]) + b[m]
 }
 
-op linear_nobias(x: T[N, K], w: T[K, M]) -> T[N, M] {
-  y[n, m] = sum(k) x[n, k] * w[k, m]
+op linear_nobias(x: T[..., K], w: T[K, M]) -> T[..., M] {
+  y[..., m] = sum(k) x[..., k] * w[k, m]
 }
 
-# bias over the feature axis of [N, C]
-op bias_add(x: T[N, C], b: T[C]) -> T[N, C] {
-  y[n, c] = x[n, c] + b[c]
+# bias over the last (feature) axis
+op bias_add(x: T[..., C], b: T[C]) -> T[..., C] {
+  y[..., c] = x[..., c] + b[c]
 }
 
 # bias over the channel axis of NCHW (numpy broadcasting would align b with W instead)
@@ -92,50 +94,52 @@ op global_avg_pool(x: T[N, C, H, W]) -> T[N, C] {
 }
 
 # ---------------------------------------------------------------------------------------------
-# activations ([N, D]; the *_4d forms take NCHW)
+# activations: elementwise on any rank of at least 1 (`x: T[..., D]`); relu_4d is relu on
+# NCHW, kept for existing models
 
-op relu(x: T[N, D]) -> T[N, D] {
-  y[n, d] = max(x[n, d], 0.0)
+op relu(x: T[..., D]) -> T[..., D] {
+  y[..., d] = max(x[..., d], 0.0)
 }
 
 op relu_4d(x: T[N, C, H, W]) -> T[N, C, H, W] {
   y[n, c, h, w] = max(x[n, c, h, w], 0.0)
 }
 
-op leaky_relu<alpha: float = 0.01>(x: T[N, D]) -> T[N, D] {
-  y[n, d] = x[n, d] if x[n, d] > 0.0 else alpha * x[n, d]
+op leaky_relu<alpha: float = 0.01>(x: T[..., D]) -> T[..., D] {
+  y[..., d] = x[..., d] if x[..., d] > 0.0 else alpha * x[..., d]
 }
 
-op elu<alpha: float = 1.0>(x: T[N, D]) -> T[N, D] {
-  y[n, d] = x[n, d] if x[n, d] > 0.0 else alpha * (exp(x[n, d]) - 1.0)
+op elu<alpha: float = 1.0>(x: T[..., D]) -> T[..., D] {
+  y[..., d] = x[..., d] if x[..., d] > 0.0 else alpha * (exp(x[..., d]) - 1.0)
 }
 
 # exact GELU: x * Phi(x) with the erf form of the normal CDF (0.7071... = 1/sqrt(2))
-op gelu(x: T[N, D]) -> T[N, D] {
-  y[n, d] = 0.5 * x[n, d] * (1.0 + erf(x[n, d] * 0.7071067811865476))
+op gelu(x: T[..., D]) -> T[..., D] {
+  y[..., d] = 0.5 * x[..., d] * (1.0 + erf(x[..., d] * 0.7071067811865476))
 }
 
-op sigmoid(x: T[N, D]) -> T[N, D] {
-  y[n, d] = sigmoid(x[n, d])
+op sigmoid(x: T[..., D]) -> T[..., D] {
+  y[..., d] = sigmoid(x[..., d])
 }
 
-op tanh(x: T[N, D]) -> T[N, D] {
-  y[n, d] = tanh(x[n, d])
+op tanh(x: T[..., D]) -> T[..., D] {
+  y[..., d] = tanh(x[..., d])
 }
 
 # softmax over the last axis, stabilised by subtracting the row max
-op softmax(x: T[N, C]) -> T[N, C] {
-  m[n] = max(c) x[n, c]
-  e[n, c] = exp(x[n, c] - m[n])
-  s[n] = sum(c) e[n, c]
-  y[n, c] = e[n, c] / s[n]
+op softmax(x: T[..., C]) -> T[..., C] {
+  m[...] = max(c) x[..., c]
+  e[..., c] = exp(x[..., c] - m[...])
+  s[...] = sum(c) e[..., c]
+  y[..., c] = e[..., c] / s[...]
 }
 
-# log(softmax(x)) computed as x - max - log(sum(exp(x - max))): never overflows
-op log_softmax(x: T[N, C]) -> T[N, C] {
-  m[n] = max(c) x[n, c]
-  s[n] = sum(c) exp(x[n, c] - m[n])
-  y[n, c] = x[n, c] - m[n] - log(s[n])
+# log(softmax(x)) over the last axis, computed as x - max - log(sum(exp(x - max))): never
+# overflows
+op log_softmax(x: T[..., C]) -> T[..., C] {
+  m[...] = max(c) x[..., c]
+  s[...] = sum(c) exp(x[..., c] - m[...])
+  y[..., c] = x[..., c] - m[...] - log(s[...])
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -156,12 +160,12 @@ op mse(a: T[N, D], b: T[N, D]) -> T[] {
 # ---------------------------------------------------------------------------------------------
 # normalisation and regularisation
 
-# per-row normalisation over the last axis with a learned scale g and shift b
-op layer_norm<eps: float = 1e-5>(x: T[N, D], g: T[D], b: T[D]) -> T[N, D] {
-  mu[n] = (sum(d) x[n, d]) / D
-  xc[n, d] = x[n, d] - mu[n]
-  var[n] = (sum(d) xc[n, d] * xc[n, d]) / D
-  y[n, d] = xc[n, d] * rsqrt(var[n] + eps) * g[d] + b[d]
+# normalisation over the last axis with a learned scale g and shift b
+op layer_norm<eps: float = 1e-5>(x: T[..., D], g: T[D], b: T[D]) -> T[..., D] {
+  mu[...] = (sum(d) x[..., d]) / D
+  xc[..., d] = x[..., d] - mu[...]
+  var[...] = (sum(d) xc[..., d] * xc[..., d]) / D
+  y[..., d] = xc[..., d] * rsqrt(var[...] + eps) * g[d] + b[d]
 }
 
 # Training-mode batch norm over N, H, W per channel. Returns the normalised y and the batch
@@ -196,10 +200,11 @@ op batch_norm1d_eval<eps: float = 1e-5>(x: T[N, C], g: T[C], b: T[C], mean: T[C]
 
 # Inverted dropout: keep where u >= p (probability 1 - p) and scale by 1 / (1 - p), so the
 # expectation is unchanged and inference is the identity. u is uniform [0, 1) (`random u`).
-op dropout<p: float>(x: T[N, D], u: T[N, D]) -> T[N, D] {
-  y[n, d] = x[n, d] * (1.0 / (1.0 - p)) if u[n, d] >= p else 0.0
+op dropout<p: float>(x: T[..., D], u: T[..., D]) -> T[..., D] {
+  y[..., d] = x[..., d] * (1.0 / (1.0 - p)) if u[..., d] >= p else 0.0
 }
 
+# dropout on NCHW, kept for existing models (dropout takes any rank)
 op dropout_4d<p: float>(x: T[N, C, H, W], u: T[N, C, H, W]) -> T[N, C, H, W] {
   y[n, c, h, w] = x[n, c, h, w] * (1.0 / (1.0 - p)) if u[n, c, h, w] >= p else 0.0
 }
@@ -287,9 +292,9 @@ op channel_shuffle<groups: int>(x: T[N, G * groups, H, W]) -> T[N, G * groups, H
   y[n, c, h, w] = x[n, (c % groups) * G + c // groups, h, w]
 }
 
-# Row lookup E[ids[n]]; caller guarantees 0 <= ids < V.
-op embedding(ids: i32[N], E: T[V, D]) -> T[N, D] {
-  y[n, d] = E[ids[n], d]
+# Row lookup E[ids[...]] for ids of any rank; caller guarantees 0 <= ids < V.
+op embedding(ids: i32[...], E: T[V, D]) -> T[..., D] {
+  y[..., d] = E[ids[...], d]
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -305,14 +310,14 @@ op capsule_conv<stride: int = 2>(A: T[B, C, H, W, P, P], K: T[O, C, KH, KW, P, P
 
 # squash(v) = |v|^2 / (1 + |v|^2) * v / |v| over the last axis (the capsule vector);
 # eps keeps the gradient finite at v = 0
-op squash<eps: float = 1e-7>(x: T[N, K, D]) -> T[N, K, D] {
-  n2[n, k] = sum(d) x[n, k, d] * x[n, k, d]
-  y[n, k, d] = x[n, k, d] * (n2[n, k] / (1.0 + n2[n, k])) * rsqrt(n2[n, k] + eps)
+op squash<eps: float = 1e-7>(x: T[..., D]) -> T[..., D] {
+  n2[...] = sum(d) x[..., d] * x[..., d]
+  y[..., d] = x[..., d] * (n2[...] / (1.0 + n2[...])) * rsqrt(n2[...] + eps)
 }
 
-# length of each capsule vector: sqrt(sum(v^2) + eps)
-op capsule_length<eps: float = 1e-7>(x: T[N, K, D]) -> T[N, K] {
-  y[n, k] = sqrt((sum(d) x[n, k, d] * x[n, k, d]) + eps)
+# length of each capsule vector (the last axis): sqrt(sum(v^2) + eps)
+op capsule_length<eps: float = 1e-7>(x: T[..., D]) -> T[...] {
+  y[...] = sqrt((sum(d) x[..., d] * x[..., d]) + eps)
 }
 
 # Margin loss over capsule lengths, mean over the batch:

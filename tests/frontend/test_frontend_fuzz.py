@@ -55,6 +55,29 @@ model e(batch = 3, v = 7, d = 4) {
   minimize loss with sgd(lr = 0.1)
 }
 """,
+    """
+import std.nn
+op norm(x: T[..., D], g: T[D]) -> T[..., D] {
+  mu[...] = (sum(d) x[..., d]) / D
+  y[..., d] = (x[..., d] - mu[...]) * g[d]
+}
+op cat(x: T[N, I], h: T[N, H]) -> T[N, I + H] {
+  xh[n, k] = x[n, k] if k < I else h[n, k - I]
+  y[n, k] = xh[n, k]
+}
+model p(batch = 2, seq = 3, d = 4) {
+  input x: f32[batch, seq, d]
+  param g: f32[d] = ones
+  h = zeros<[batch, d]>
+  c = full<[batch, d], 0.5>
+  for t in 0..2 { h = tanh(h + c) }
+  a = norm(x, g)
+  b = layer_norm(softmax(a), g, zeros_like(g))
+  z = cat(h, norm(h, g))
+  loss = (sum(n, s, e) b[n, s, e]) + (sum(n, k) z[n, k])
+  minimize loss with sgd(lr = 0.1)
+}
+""",
 ]
 
 SOURCES_FOR_FUZZ = [p.read_text() for p in sorted((ROOT / "examples").glob("*.nf"))]
@@ -63,12 +86,13 @@ _STD = (ROOT / "nfc" / "std" / "nn.nf").read_text()
 SOURCES_FOR_FUZZ += ["import std.nn\nop " + p for p in re.split(r"(?m)^op ", _STD)[1:]]
 SOURCES_FOR_FUZZ += SNIPPETS
 
-_TOKEN = re.compile(r"\s+|#[^\n]*|[A-Za-z_]\w*|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|\.\.|->|//|"
+_TOKEN = re.compile(r"\s+|#[^\n]*|[A-Za-z_]\w*|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|\.\.\.|\.\.|->|//|"
                     r"<=|>=|==|!=|.", re.S)
 TOKENS = [_TOKEN.findall(s) for s in SOURCES_FOR_FUZZ]
 VOCAB = sorted({t for ts in TOKENS for t in ts if not t.isspace()} | {
     "sum", "max", "(", ")", "[", "]", "{", "}", "-", "<", ">", "..", "\n", "if", "else", "for",
     "1e400", "9" * 40, "99999999", "\x00", "é", "\t", "import", "std.nn", "model", "op", "<[",
+    "...", "[...]", "zeros", "full", "zeros_like",
 })
 
 

@@ -14,8 +14,8 @@ def t(*shape: int, dtype: DType = F64) -> TensorType:
     return TensorType(tuple(shape), dtype)
 
 
-#: an indivisible size (a dimension `G * groups` of size 5) is reported either way
-INDIVISIBLE = "shape mismatch|cannot infer"
+#: an indivisible size (a dimension `G * groups` of size 5) says so
+INDIVISIBLE = "is not a multiple of"
 
 BAD_USES = [
     # op, argument types, compile-time args, words the first message must contain (| = or)

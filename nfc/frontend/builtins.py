@@ -1,0 +1,81 @@
+"""Builtin tensor-level functions: language constructs, not ops.
+
+- `reshape<[d0, d1, ...]>(x)`: row-major; one dimension may be -1.
+- `transpose<[p0, p1, ...]>(x)`: output dimension k is input dimension p_k.
+- `zeros<[d0, d1, ...]>` and `full<[d0, d1, ...], v>`: a tensor of that shape holding 0.0 or
+  the compile-time value `v`; the constant is weakly typed (like a literal), so it takes the
+  dtype of what it meets and is f32 (i32 for an integer `v`) when bound to a name alone.
+- `zeros_like(x)`: zeros of the shape and dtype of `x`.
+The parentheses of `zeros<[...]>()` and `full<[...], v>()` are optional.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nfc.diagnostics import error
+from nfc.frontend import ast, scalars
+from nfc.frontend.limits import check_elements
+from nfc.frontend.scalars import SV
+from nfc.frontend.shapes import CTValue, eval_ct, format_ct
+from nfc.frontend.tensors import TV, reshape_body, transpose_body
+from nfc.ir import Const
+
+if TYPE_CHECKING:
+    from nfc.frontend.lower import Lowering
+
+BUILTINS = ("reshape", "transpose", "zeros", "full", "zeros_like")
+
+#: Compile-time parameters of each builtin, in order (they may be given by position).
+_PARAMS = {"reshape": ("shape",), "transpose": ("perm",), "zeros": ("shape",),
+           "full": ("shape", "value"), "zeros_like": ()}
+
+
+def _targs(low: Lowering, e: ast.Call) -> dict[str, CTValue]:
+    names = _PARAMS[e.fn]
+    usage = {"reshape": "reshape<[d0, d1, ...]>(x)", "transpose": "transpose<[p0, ...]>(x)",
+             "zeros": "zeros<[d0, d1, ...]>", "full": "full<[d0, d1, ...], value>",
+             "zeros_like": "zeros_like(x)"}[e.fn]
+    out: dict[str, CTValue] = {}
+    for k, ta in enumerate(e.targs):
+        name = ta.name if ta.name is not None else names[k] if k < len(names) else None
+        if name not in names or name in out:
+            raise error(f"'{e.fn}' takes {len(names) or 'no'} compile-time argument"
+                        f"{'s' * (len(names) != 1)}: `{usage}`", ta.loc)
+        out[name] = eval_ct(ta.value, low.ct_lookup)
+    missing = [n for n in names if n not in out]
+    if missing:
+        raise error(f"'{e.fn}' needs its {missing[0]}: `{usage}`", e.loc)
+    if "shape" in out or "perm" in out:
+        value = out.get("shape", out.get("perm"))
+        where = e.targs[0].loc
+        if not isinstance(value, tuple):
+            raise error(f"'{e.fn}' needs a list `[...]`, found {format_ct(value)}", where)
+    return out
+
+
+def builtin(low: Lowering, e: ast.Call) -> TV:
+    """The tensor-level value of a builtin call."""
+    targs = _targs(low, e)
+    if e.fn in ("zeros", "full"):
+        low.arity(e, 0)
+        shape = targs["shape"]
+        assert isinstance(shape, tuple)
+        check_elements(shape, f"'{e.fn}'", e.loc)
+        value = targs.get("value", 0.0)
+        if isinstance(value, tuple):
+            raise error(f"the value of 'full' must be a number or a boolean, found "
+                        f"{format_ct(value)}", e.targs[-1].loc)
+        return TV(shape, scalars.const(value))
+    low.arity(e, 1)
+    src = low.tv(e.args[0])
+    if e.fn == "zeros_like":
+        ty = src.sv.ty
+        zero: int | float | bool = {"int": 0, "float": 0.0, "bool": False}[ty.kind]
+        # an untyped literal in the IR: the strong type lives in the SV (prints as `0.0`)
+        return TV(src.shape, SV(Const(zero), ty))
+    value = targs["shape"] if e.fn == "reshape" else targs["perm"]
+    assert isinstance(value, tuple)
+    if e.fn == "reshape":
+        return reshape_body(src, value, e.loc)
+    return transpose_body(src, value, e.loc)
