@@ -70,16 +70,40 @@ def emit_kernel(module: Any, name: str, op: ComputeOp | KernelOp | Sequence[Comp
     then the workspace when `workspace_bytes > 0`; arrays are C-contiguous of the IR dtype
     (i1 as one byte per element). Outputs must not overlap inputs unless elementwise in place.
     """
-    from nfc.codegen.llvm.emitter import emit_function
+    info = lower_kernel(op, schedule, name=name, target=target)
+    emit_lowered(module, info, target=target)
+    return info
 
+
+def resolve_schedule(op: ComputeOp | KernelOp | Sequence[ComputeOp],
+                     schedule: Schedule | GroupSchedule | dict | None,
+                     target: CpuTarget | None = None) -> Schedule | GroupSchedule | None:
+    """The schedule object a kernel is lowered with: `schedule`, else the op's `nf.schedule`
+    attribute; dicts converted; None means the default schedule."""
     if schedule is None and not isinstance(op, Sequence) and SCHEDULE_ATTR in op.attrs:
         schedule = op.attrs[SCHEDULE_ATTR]  # a schedule recorded in the IR (tuned, replayed)
     if isinstance(schedule, dict):
         schedule = schedule_to_object(op, schedule, target)
-    loops = lower(op, schedule, name=name)
-    emit_function(module, loops, name, target or host_target())
+    return schedule
+
+
+def lower_kernel(op: ComputeOp | KernelOp | Sequence[ComputeOp],
+                 schedule: Schedule | GroupSchedule | dict | None = None, *,
+                 name: str = "kernel", target: CpuTarget | None = None) -> KernelInfo:
+    """The loop IR and buffer layout of a kernel, without emitting LLVM IR (`emit_lowered`
+    does that later, or never when the object code is cached)."""
+    loops = lower(op, resolve_schedule(op, schedule, target), name=name)
     _, outs, ins = group_of(op)
     return KernelInfo(name, loops, tuple(outs), tuple(ins))
+
+
+def emit_lowered(module: Any, info: KernelInfo, *, name: str | None = None,
+                 target: CpuTarget | None = None) -> Any:
+    """Add `void name(ptr buffers)` (default: `info.name`) for a lowered kernel to `module`;
+    returns the llvmlite function."""
+    from nfc.codegen.llvm.emitter import emit_function
+
+    return emit_function(module, info.loops, name or info.name, target or host_target())
 
 
 def schedule_to_object(op: Any, d: dict, target: CpuTarget | None = None
@@ -96,17 +120,41 @@ def schedule_to_object(op: Any, d: dict, target: CpuTarget | None = None
     return schedule_space(op, target).to_schedule(d)
 
 
-def optimize(module: Any, target: CpuTarget | None = None):  # -> llvm.ModuleRef
-    """Parse, verify and optimise (O3, loop and SLP vectorizers) an llvmlite module."""
+#: LLVM's optimisation pipeline for kernels: O3 with the loop and SLP vectorizers, but without
+#: LLVM's own loop unrolling. Schedules already unroll what pays (micro-kernels, register
+#: tiles); LLVM unrolling the remaining serial loops made objects 16% bigger and optimisation
+#: plus code generation ~30% slower for no measured speed (benchmarks/compile_time.py,
+#: matmul.py, mlp_step.py). `NFC_LLVM_PIPELINE="speed_level=3,loop_unrolling=1"` overrides.
+PIPELINE: dict[str, int | bool] = {"speed_level": 3, "loop_vectorization": True,
+                                   "slp_vectorization": True, "loop_unrolling": False}
+
+
+def pipeline_options() -> dict[str, int | bool]:
+    """The pipeline options in use (`PIPELINE` with `NFC_LLVM_PIPELINE` applied)."""
+    opts = dict(PIPELINE)
+    for item in os.environ.get("NFC_LLVM_PIPELINE", "").split(","):
+        k, sep, v = item.partition("=")
+        if sep and k.strip() in ("speed_level", "loop_vectorization", "slp_vectorization",
+                                 "loop_unrolling", "loop_interleaving"):
+            opts[k.strip()] = int(v) if k.strip() == "speed_level" else v.strip() in ("1", "true")
+    return opts
+
+
+def optimize(module: Any, target: CpuTarget | None = None, *,
+             options: dict[str, int | bool] | None = None):  # -> llvm.ModuleRef
+    """Parse, verify and optimise an llvmlite module (or LLVM IR text) with `options`
+    (default: `pipeline_options()`)."""
     import llvmlite.binding as llvm
 
     _init_llvm()
     tm = target_machine(target)
     ref = llvm.parse_assembly(str(module))
     ref.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
+    opts = pipeline_options() if options is None else options
+    pto = llvm.create_pipeline_tuning_options(speed_level=int(opts["speed_level"]))
+    for k, v in opts.items():
+        if k != "speed_level":
+            setattr(pto, k, bool(v))
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(ref, pb)
     return ref

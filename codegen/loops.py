@@ -231,6 +231,25 @@ class LoopFunc:
         return sum(_round_up(b.nbytes, 64) for b in self.workspace_buffers)
 
 
+def stmt_cost(s: Stmt) -> float:
+    """Roughly the LLVM instructions a statement emits: an unrolled loop repeats its body, a
+    loop costs its body once plus its control, a store its expression nodes."""
+    if isinstance(s, Seq):
+        return sum(stmt_cost(c) for c in s.body)
+    if isinstance(s, For):
+        c = s.const_extent
+        body = stmt_cost(s.body)
+        return body * c if s.kind is LoopKind.UNROLLED and c is not None else body + 4
+    if isinstance(s, Store):
+        return 2.0 + sum(1 for _ in s.value.walk()) + sum(
+            sum(1 for _ in i.walk()) for i in s.indices)
+    if isinstance(s, If):
+        return 2 + stmt_cost(s.then) + (0 if s.orelse is None else stmt_cost(s.orelse))
+    if isinstance(s, Allocate):
+        return 1 + stmt_cost(s.body)
+    return 1.0
+
+
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 

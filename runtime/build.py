@@ -4,6 +4,7 @@
                   --autodiff-->                                   + @train_step
     source (.nfir) is taken as it is (already a module of IR functions)
                   --DEFAULT_PIPELINE (inline, canonicalize, cse, dce)-->
+                  --tuned schedules (nf.schedule), then FUSE_PIPELINE (fuse)-->
                   --nfc.codegen.artifact-->  LLVM  --cc -shared-->  model.so
 
 Kernels take their tuned schedules from the tuning cache when `nfc tune` measured them on
@@ -30,6 +31,9 @@ from nfc.ir import Module
 from nfc.verifier import verify
 
 DEFAULT_PIPELINE = "inline,canonicalize,cse,dce"
+#: Run after the tuned schedules are attached (so computes grouped into kernels keep theirs);
+#: `--no-fuse` skips it.
+FUSE_PIPELINE = "fuse"
 
 
 class SettingError(ValueError):
@@ -196,13 +200,16 @@ def apply_tuning(module: Module) -> str:
 
 def compile_model(source: str | Path, output: str | None = None, *,
                   settings: Sequence[str] = (), pipeline: str = DEFAULT_PIPELINE,
-                  profile: bool = False, use_cache: bool = True, tuning: bool = True) -> Built:
-    """Front end, autodiff, pipeline, tuned schedules and artifact for the model file
-    `source`."""
+                  profile: bool = False, use_cache: bool = True, tuning: bool = True,
+                  fuse: bool = True) -> Built:
+    """Front end, autodiff, pipeline, tuned schedules, fusion (unless `fuse` is False) and
+    artifact for the model file `source`."""
     params, opt = parse_settings(settings)
     module = model_module(source, params, opt)
     run_pipeline(module, pipeline)
     note = apply_tuning(module) if tuning else ""
+    if fuse:
+        run_pipeline(module, FUSE_PIPELINE)
     built = build_library(module, output, profile=profile, use_cache=use_cache)
     built.tuning = note
     return built
@@ -210,7 +217,7 @@ def compile_model(source: str | Path, output: str | None = None, *,
 
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
                use_cache: bool = True, pipeline: str = DEFAULT_PIPELINE, tuning: bool = True,
-               log: Any = None):  # -> Model
+               log: Any = None, fuse: bool = True):  # -> Model
     """A loaded model from a `.so` (settings must be empty) or a model file (compiled;
     `log(line)` hears which tuned schedules were used)."""
     from nfc.runtime.loader import load
@@ -221,7 +228,7 @@ def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: boo
             raise SettingError("--set applies when compiling; a .so is already compiled")
         return load(src)
     built = compile_model(src, settings=settings, pipeline=pipeline, profile=profile,
-                          use_cache=use_cache, tuning=tuning)
+                          use_cache=use_cache, tuning=tuning, fuse=fuse)
     if log is not None and built.tuning:
         log(f"nfc: {built.tuning}")
     return load(built.path)

@@ -1,6 +1,7 @@
 """The static training loop behind `nfc train`: one native call per step.
 
     model = compile (or load) → init from the initializers with the seed (or resume)
+    data  = the data set fitted to the model's inputs (nfc.runtime.adapters; `auto` picks it)
     for each epoch: for each shuffled full batch: train_step(x, y, rng=(seed, step))
                     evaluate on the test split → metrics, checkpoint, progress
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nfc.runtime import adapters
 from nfc.runtime import checkpoint as ckpt
 from nfc.runtime import data as datasets
 from nfc.runtime.loader import ArtifactError, Model
@@ -38,7 +40,10 @@ class TrainConfig:
     """Options of a training run (the `nfc train` flags)."""
 
     source: str
-    data: str = "digits"
+    data: str = "auto"
+    """A data set name, or `auto`: the one that fits the model's inputs (adapters.choose)."""
+    resize: str = "bilinear"
+    """How images are resized to the model's input: bilinear or nearest."""
     epochs: int = 1
     batch: int | None = None
     lr: float | None = None
@@ -60,7 +65,11 @@ class TrainConfig:
     use_cache: bool = True
     tuning: bool = True
     """Use tuned schedules from the tuning cache (nfc tune)."""
+    fuse: bool = True
+    """Group computes into kernels (the fuse pass) when compiling a model file."""
     keep: int = 3
+    evaluate: bool = True
+    """Evaluate on the test split after every epoch (and at the end)."""
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
 
 
@@ -79,6 +88,14 @@ class TrainResult:
     model: Model
     threads: int = 1
     profile: Any = None
+    data: str = ""
+    """The data set used (`auto` resolved)."""
+    data_note: str = ""
+    """How the data was fitted to the model."""
+    compile_seconds: float = 0.0
+    """Time to compile (or find in the cache) and load the library."""
+    cached: bool = False
+    """Whether the library came from the cache (or a .so) rather than a fresh build."""
 
 
 #: Steps cheaper than this many FLOPs run on one thread by default: a parallel region costs a
@@ -99,34 +116,22 @@ def default_threads(meta: Mapping[str, Any], function: str = "train_step") -> in
 
 
 def model_io(fmeta: Mapping[str, Any]) -> tuple[datasets.InputSpec, datasets.InputSpec | None]:
-    """The feature input and the label input of a function, from its metadata."""
+    """The feature input and the label input of a function, from its metadata
+    (adapters.split_inputs)."""
     from nfc.runtime.loader import TensorSpec
 
-    inputs = [TensorSpec.of(a) for a in fmeta["args"] if a.get("role") == "input"]
-    if not inputs:
-        raise TrainError("the model has no inputs to feed data into")
-    by_name = {a.name: a for a in inputs}
-    x = by_name.get("x") or next((a for a in inputs if a.dtype.kind == "f"), inputs[0])
-    rest = [a for a in inputs if a is not x]
-    y = by_name.get("y") if by_name.get("y") is not x else None
-    y = y or next((a for a in rest if a.dtype.kind in "iu"), None)
-    extra = [a.name for a in rest if a is not y]
-    if extra:
-        raise TrainError(f"the model has inputs {', '.join(extra)} besides '{x.name}' and "
-                         f"'{y.name if y else '-'}'; nfc train feeds one feature and one "
-                         "label input")
-    return (datasets.InputSpec(x.name, x.shape, x.dtype),
-            datasets.InputSpec(y.name, y.shape, y.dtype) if y else None)
+    specs = [TensorSpec.of(a) for a in fmeta["args"] if a.get("role") == "input"]
+    try:
+        return adapters.split_inputs([datasets.InputSpec(a.name, a.shape, a.dtype)
+                                      for a in specs])
+    except datasets.DataError as exc:
+        raise TrainError(str(exc)) from None
 
 
 def model_classes(meta: Mapping[str, Any]) -> int:
-    """Classes of the model: the last dimension of a `logits` result (else 10)."""
-    for fname in ("eval", "forward", "train_step"):
-        fm = meta["functions"].get(fname)
-        for r in (fm or {}).get("results", []):
-            if r["name"] == "logits" and r["shape"]:
-                return int(r["shape"][-1])
-    return 10
+    """Classes of the model: the last dimension of a `logits` (or `lengths`) result, else
+    10."""
+    return adapters.result_classes(meta) or 10
 
 
 def evaluate(model: Model, ds: datasets.Dataset, function: str | None = None
@@ -143,18 +148,21 @@ def evaluate(model: Model, ds: datasets.Dataset, function: str | None = None
     correct = 0
     loss_sum, loss_n = 0.0, 0
     outs = {o.name for o in fn.outputs}
+    score = next((s for s in ("logits", "lengths") if s in outs), None)
+    per = int(np.prod(ds.y_test.shape[1:]))  # labels per sample (sequence targets: many)
     for idx, real in datasets.eval_batches(len(ds.x_test), batch):
         feeds = {x.name: ds.x_test[idx]}
         if y is not None:
             feeds[y.name] = ds.y_test[idx]
         res = fn(rng=(model.seed, 0), **feeds)
-        if "logits" in res:
-            pred = np.argmax(res["logits"].reshape(batch, -1), axis=1)[:real]
-            correct += int(np.sum(pred == ds.y_test[idx][:real]))
+        if score is not None:
+            scores = res[score].reshape(batch, per, -1)
+            pred = np.argmax(scores, axis=2)[:real]
+            correct += int(np.sum(pred == ds.y_test[idx][:real].reshape(real, per)))
         if "loss" in res and real == batch:  # padded batches would count repeats
             loss_sum += float(res["loss"])
             loss_n += 1
-    acc = correct / len(ds.x_test) if "logits" in outs else None
+    acc = correct / (len(ds.x_test) * per) if score is not None else None
     return acc, (loss_sum / loss_n if loss_n else None)
 
 
@@ -216,10 +224,22 @@ def _metrics_file(path: str | None, resume_step: int | None):
     return open(p, "w", encoding="utf-8")
 
 
-def _open_model(cfg: TrainConfig) -> Model:
-    from nfc.runtime.build import load_model
+@dataclass
+class _Opened:
+    model: Model
+    forward: Any
+    """The IR @forward when compiled from a model file (exact input ranges), else None."""
+    seconds: float
+    cached: bool
+
+
+def _open_model(cfg: TrainConfig) -> _Opened:
+    from nfc.runtime.build import compile_model, load_model
+    from nfc.runtime.loader import load
 
     settings = list(cfg.settings)
+    t0 = time.perf_counter()
+    forward = None
     if cfg.source.endswith(".so"):
         if settings:
             raise TrainError("--set applies when compiling a model file, not to a .so")
@@ -227,6 +247,7 @@ def _open_model(cfg: TrainConfig) -> Model:
             raise TrainError("--lr applies when compiling a model file: the learning rate of "
                              "a .so is compiled in (nfc compile --set opt.lr=...)")
         model = load_model(cfg.source)
+        cached = True
         if cfg.profile and not model.metadata.get("profile"):
             raise TrainError(f"'{cfg.source}' was compiled without profiling; use "
                              "`nfc compile --profile` or train the model file")
@@ -235,20 +256,26 @@ def _open_model(cfg: TrainConfig) -> Model:
             settings.append(f"batch={cfg.batch}")
         if cfg.lr is not None:
             settings.append(f"opt.lr={cfg.lr}")
-        model = load_model(cfg.source, settings=settings, profile=cfg.profile,
-                           use_cache=cfg.use_cache, tuning=cfg.tuning,
-                           log=cfg.log if cfg.progress else None)
+        built = compile_model(cfg.source, settings=settings, profile=cfg.profile,
+                              use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse)
+        if cfg.progress and built.tuning:
+            cfg.log(f"nfc: {built.tuning}")
+        model = load(built.path)
+        cached = built.cached
+        if built.module.has_func("forward"):
+            forward = built.module.func("forward")
     if "train_step" not in model.functions:
         raise TrainError(f"'{cfg.source}' has no train_step: the model needs "
                          "`minimize <loss> with <optimizer>(...)`")
-    return model
+    return _Opened(model, forward, time.perf_counter() - t0, cached)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Run the training loop described by `cfg` (see the module doc)."""
     from nfc.runtime.profile import Profiler
 
-    model = _open_model(cfg)
+    opened = _open_model(cfg)
+    model = opened.model
     step_fn = model.functions["train_step"]
     x_spec, y_spec = model_io(step_fn.meta)
     if y_spec is None:
@@ -259,7 +286,11 @@ def train(cfg: TrainConfig) -> TrainResult:
                          f"{batch}")
     threads = cfg.threads or default_threads(model.metadata)
     model.set_num_threads(threads)
-    ds = datasets.load(cfg.data, x_spec, model_classes(model.metadata))
+    inputs = adapters.model_inputs(model.metadata, "train_step", opened.forward)
+    ds = adapters.load_for(cfg.data, inputs, resize=cfg.resize)
+    if cfg.progress:
+        cfg.log(f"nfc: data {ds.note or ds.name}: {len(ds.x_train)} training samples for "
+                f"{inputs.describe()}")
     order = datasets.BatchOrder(len(ds.x_train), batch, cfg.seed)
     resume_step = None
     if cfg.resume:
@@ -336,7 +367,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                     time.sleep(cfg.step_delay)
                 if model.step >= total:
                     break
-            acc, tloss = evaluate(model, ds)
+            if cfg.evaluate:
+                acc, tloss = evaluate(model, ds)
             rec = {"event": "epoch", "epoch": order.epoch, "step": model.step,
                    "train_loss": float(np.mean(epoch_losses)) if epoch_losses else None,
                    "test_accuracy": acc, "test_loss": tloss,
@@ -357,13 +389,17 @@ def train(cfg: TrainConfig) -> TrainResult:
     if cfg.metrics:
         with open(cfg.metrics, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"event": "final", "step": model.step, "test_accuracy": acc,
-                                 "test_loss": tloss, "step_ms": step_s * 1e3}) + "\n")
+                                 "test_loss": tloss, "step_ms": step_s * 1e3,
+                                 "data": ds.name, "data_note": ds.note,
+                                 "compile_s": opened.seconds, "cached": opened.cached,
+                                 "threads": threads}) + "\n")
     if cfg.plot:
         plot_metrics(cfg.metrics, losses, cfg.plot, resume_step)
     if profiler is not None and cfg.trace:
         profiler.write_trace(cfg.trace)
     return TrainResult(model.step, model.step / order.batches_per_epoch, losses, acc, tloss,
-                       step_s, model, threads, profiler)
+                       step_s, model, threads, profiler, ds.name, ds.note, opened.seconds,
+                       opened.cached)
 
 
 def _epoch_line(rec: Mapping[str, Any]) -> str:

@@ -23,16 +23,20 @@ the start and end (ns) of kernel k of the latest call at `nfc_<f>_profile()[2k]`
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nfc import __version__
 from nfc.codegen.artifact.initgen import GENERATOR, GENERATOR_VERSION, emit_init_loop
+from nfc.codegen.artifact.kcache import ObjectCache
+from nfc.codegen.artifact.kernels import KernelSet
 from nfc.codegen.artifact.plan import FuncPlan, Slot, plan_function
 from nfc.codegen.cpu import CpuTarget, host_target
-from nfc.codegen.jit import KernelInfo, emit_kernel, new_module
-from nfc.codegen.lower import group_of
+from nfc.codegen.jit import SCHEDULE_ATTR, KernelInfo, new_module
+from nfc.codegen.lower import ScheduleError, default_group_schedule, group_of
+from nfc.codegen.schedule import GroupSchedule
 from nfc.diagnostics import CompileError, error
 from nfc.ir import ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
 
@@ -40,8 +44,11 @@ from nfc.ir import ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
 ABI_VERSION = 1
 #: Roles of arguments that persist across steps (the model's state, held by the runtime).
 PERSISTENT_ROLES = ("param", "state", "opt_state")
-#: Below this much LLVM IR text, worker processes cost more than they save.
-PARALLEL_MIN_CHARS = 600_000
+#: LLVM pipeline of the entry module (entries, `nfc_init`, metadata): glue code whose speed does
+#: not matter, but whose long blocks of pointer stores cost O3's SLP vectorizer seconds
+#: (2.9 s for ResNet-18's entries; 0.1 s with this).
+ENTRY_PIPELINE: dict[str, int | bool] = {"speed_level": 2, "loop_vectorization": False,
+                                         "slp_vectorization": False, "loop_unrolling": False}
 
 
 @dataclass(frozen=True)
@@ -64,22 +71,32 @@ class Artifact:
     metadata: dict[str, Any]
     plans: dict[str, FuncPlan]
     kernels: dict[str, KernelInfo]
+    """The distinct kernels by symbol (each compiled once, called with different buffers)."""
     target: CpuTarget
-    kernel_modules: list[Any]
-    """Modules holding the kernels (compiled in parallel; may include `llvm_module`)."""
+    kernel_set: KernelSet
+    jobs: int | None = None
+    """Processes compiling kernels in `write_shared` (None: `default_jobs()`)."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """What the build did: distinct kernels, cache hits and misses, CPU seconds by phase."""
+
+    @property
+    def kernel_modules(self) -> list[Any]:
+        """One fresh LLVM module per distinct kernel (emitted on demand)."""
+        return [self.kernel_set.module(sym) for sym in self.kernel_set.entries]
 
     @property
     def modules(self) -> list[Any]:
         """Every LLVM module of the library."""
-        return [self.llvm_module] + [m for m in self.kernel_modules if m is not self.llvm_module]
+        return [self.llvm_module, *self.kernel_modules]
 
     def llvm_ir(self, optimized: bool = True) -> str:
-        """The LLVM IR text of every module (after LLVM's O3 pipeline unless `optimized` is
-        False)."""
+        """The LLVM IR text of every module (after LLVM's optimisation pipeline unless
+        `optimized` is False)."""
         from nfc.codegen.jit import optimize
 
-        return "\n".join(str(optimize(m, self.target)) if optimized else str(m)
-                         for m in self.modules)
+        return "\n".join(
+            str(optimize(m, self.target, options=ENTRY_PIPELINE if m is self.llvm_module
+                         else None)) if optimized else str(m) for m in self.modules)
 
     def loops_text(self) -> str:
         """The loop IR of every kernel (`nfc compile --emit=loops`)."""
@@ -88,25 +105,72 @@ class Artifact:
         return "\n".join(f"// {sym}\n{print_loops(k.loops)}" for sym, k in self.kernels.items())
 
     def write_shared(self, path: str, jobs: int | None = None) -> str:
-        """Optimise, emit object code (in `jobs` processes when the kernels are big enough to
-        gain from it) and link the shared library `path` (atomically)."""
-        from nfc.codegen.artifact.parallel import default_jobs, emit_objects
+        """Object code for every distinct kernel (from the object cache, else compiled in
+        `jobs` processes), the entry module's, and the shared library `path` (atomic)."""
+        from nfc.codegen.artifact.parallel import compile_text, default_jobs
+        from nfc.codegen.native import LinkError
+
+        jobs = jobs or self.jobs or default_jobs()
+        entry: list[bytes] = []
+
+        def compile_entry() -> None:
+            t0 = time.process_time()
+            text = str(self.llvm_module)
+            self.stats["emit"] = self.stats.get("emit", 0.0) + time.process_time() - t0
+            obj, times = compile_text(text, self.target, ENTRY_PIPELINE)
+            for k, v in times.items():
+                self.stats[k] = self.stats.get(k, 0.0) + v
+            entry.append(obj)
+
+        ks = self.kernel_set
+        objs = ks.objects(jobs, before=[compile_entry])
+        try:
+            return self._link(entry + objs, path)
+        except LinkError:
+            if not ks.stats.get("cache_hits"):
+                raise
+            # a damaged cached object: compile everything afresh (overwriting the cache)
+            return self._link(entry + ks.objects(jobs, refresh=True), path)
+        finally:
+            self.stats.update(ks.stats)
+
+    def _link(self, objects: list[bytes | str], path: str) -> str:
         from nfc.codegen.native import link_shared
 
-        texts = [str(m) for m in self.modules]
-        jobs = default_jobs() if jobs is None else jobs
-        if sum(len(t) for t in texts) < PARALLEL_MIN_CHARS:
-            jobs = 1
-        return link_shared(emit_objects(texts, self.target, jobs), path)
+        t0 = time.perf_counter()
+        out = link_shared(objects, path)
+        self.stats["link"] = self.stats.get("link", 0.0) + time.perf_counter() - t0
+        if self.kernel_set.cache is not None and self.kernel_set.stats.get("cache_misses"):
+            self.kernel_set.cache.prune()
+        return out
 
 
 ScheduleFn = Callable[[Op], Any]
 
 
-def _kernel_key(op: Op, schedule: Any) -> str:
-    from nfc.codegen.tuning import kernel_spec
+def _stage_schedules(op: Op, target: CpuTarget) -> GroupSchedule | None:
+    """For an `nf.kernel` without a schedule of its own, the default group schedule with
+    the `nf.schedule` its computes carry (tuned before the fuse pass grouped them); None when
+    none has one."""
+    from nfc.codegen.jit import schedule_to_object
 
-    return json.dumps([kernel_spec(op)["ir"], schedule], sort_keys=True, default=str)
+    if not isinstance(op, KernelOp):
+        return None
+    cops, outs, _ = group_of(op)
+    if not any(SCHEDULE_ATTR in c.attrs for c in cops):
+        return None
+    gs = default_group_schedule(cops, outs)
+    return GroupSchedule(inline=gs.inline, stages=tuple(
+        schedule_to_object(c, c.attrs[SCHEDULE_ATTR], target) if SCHEDULE_ATTR in c.attrs
+        else None for n, c in enumerate(cops) if n not in gs.inline))
+
+
+def _kernel_info(info: KernelInfo, op: Op) -> KernelInfo:
+    """`info` with a kernel op's results as outputs: codegen names the values its body
+    yields, the function's other ops read the op's results."""
+    if not isinstance(op, KernelOp):
+        return info
+    return KernelInfo(info.name, info.loops, tuple(op.results), info.inputs)
 
 
 def persistent_tensors(funcs: Sequence[Func]) -> list[TensorInfo]:
@@ -167,14 +231,7 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
                                      f.loc).diagnostics)
     tensors = persistent_tensors(funcs)
     llmod = new_module(f"nfc_{module.name}", target)
-    if split is None:
-        from nfc.codegen.artifact.parallel import default_jobs
-
-        split = default_jobs()
-    kmods = [new_module(f"nfc_{module.name}_k{n}", target) for n in range(split)
-             ] if split > 1 else [llmod]
-    kernels: dict[str, KernelInfo] = {}
-    by_key: dict[str, str] = {}
+    kset = KernelSet(target, ObjectCache.default())
     plans: dict[str, FuncPlan] = {}
     fmeta: dict[str, Any] = {}
     for f in funcs:
@@ -190,24 +247,21 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
             sched = schedule_for(op) if schedule_for else None
             if sched is None:
                 sched = op.attrs.get("nf.schedule")
-            key = _kernel_key(op, sched)
-            sym = by_key.get(key)
-            if sym is None:
-                sym = f"nfc_k{len(kernels)}_{f.name}_{n}"
-                kmod = kmods[len(kernels) % len(kmods)]
-                info = emit_kernel(kmod, sym, op, sched, target=target)
-                if kmod is llmod:
-                    llmod.get_global(sym).linkage = "internal"
-                else:  # defined in another object of the library, not exported from it
-                    kmod.get_global(sym).linkage = "hidden"
-                    _declare(llmod, sym, ir.VoidType(), [ir.PointerType()])
-                kernels[sym] = info
-                by_key[key] = sym
-            else:  # same computation already compiled: reuse it with this op's values
-                _, outs, ins = group_of(op)
-                first = kernels[sym]
-                info = KernelInfo(sym, first.loops, tuple(outs), tuple(ins))
-            infos[n], symbols[n] = info, sym
+            if sched is None:
+                sched = _stage_schedules(op, target)
+            # structurally identical kernels (same computation, types and schedule) share one
+            # function; each call passes its own buffers
+            try:
+                sym, info = kset.add(op, sched)
+            except ScheduleError:
+                if not isinstance(sched, GroupSchedule):
+                    raise
+                # a stage schedule tuned before fusion that no longer fits the stage
+                # (its producers were inlined): the default schedules instead
+                sym, info = kset.add(op, None)
+            if llmod.globals.get(sym) is None:  # defined in its own object of the library
+                _declare(llmod, sym, ir.VoidType(), [ir.PointerType()])
+            infos[n], symbols[n] = _kernel_info(info, op), sym
         plan = plan_function(f, infos, symbols)
         plans[f.name] = plan
         for call in plan.kernels:
@@ -237,7 +291,8 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
     }
     meta.update(extra_metadata or {})
     _emit_info(llmod, meta)
-    return Artifact(llmod, meta, plans, kernels, target, kmods)
+    kernels = {sym: e.info for sym, e in kset.entries.items()}
+    return Artifact(llmod, meta, plans, kernels, target, kset, split)
 
 
 def _json_attrs(attrs: dict[str, Any]) -> dict[str, Any]:

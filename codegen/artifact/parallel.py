@@ -1,28 +1,45 @@
-"""Object code for several LLVM modules at once, in worker processes.
+"""Object code for an artifact's kernels, in this process and in worker processes at once.
 
-llvmlite serialises LLVM work behind one process-wide lock, so compiling an artifact's kernels
-on several cores takes several processes (TOOLCHAIN.md). The artifact builder splits its
-kernels into independent modules; `emit_objects` compiles the first in this process and the
-others in `python -c` workers fed the LLVM IR text on stdin (plain subprocesses rather than
-multiprocessing, which would re-import the caller's `__main__`). The result is the same object
-code as a sequential build: each module is optimised on its own either way.
+llvmlite serialises LLVM work behind one process-wide lock and building LLVM IR is Python, so
+using several cores takes several processes (TOOLCHAIN.md). Each kernel is compiled on its own
+(one LLVM module, one object: what the object cache stores). `compile_jobs` starts `workers`
+plain `python -c` subprocesses (not multiprocessing, which would re-import the caller's
+`__main__`), gives them the biggest kernels first, at most `DEPTH` at a time each, and compiles
+the smallest ones itself meanwhile, so neither side waits while work is left.
+
+A job is data: the kernel's IR text (`nfc.codegen.tuning.kernel_spec`), its schedule as a dict
+and the symbol to define. A worker parses, lowers, emits, optimises and writes
+`<dir>/<symbol>.o`, then answers one JSON line; the local side emits from the loop IR it
+already has. The object code is the same either way. A job a worker fails on is compiled
+locally, where the error surfaces with its real type; a worker that dies hands its jobs back.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from nfc.codegen.cpu import CpuTarget
+from nfc.codegen.loops import Stmt, stmt_cost
 
 _WORKER = "from nfc.codegen.artifact.parallel import worker; worker()"
+#: Jobs queued per worker (one compiling, one waiting in its pipe).
+DEPTH = 2
+#: Fewer estimated cost units than this (about 20 small kernels) are not worth a worker
+#: process (its start-up costs about half a second of CPU).
+PARALLEL_MIN_COST = 4000.0
 
 
 def default_jobs() -> int:
-    """Worker count: `NFC_COMPILE_JOBS`, else the usable cores (at most 4)."""
+    """Processes compiling kernels: `NFC_COMPILE_JOBS`, else the usable cores (at most 4)."""
     env = os.environ.get("NFC_COMPILE_JOBS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -33,49 +50,212 @@ def default_jobs() -> int:
     return max(1, min(4, cores))
 
 
-def worker() -> None:
-    """Read `{"target": ...}` from argv[1] and LLVM IR from stdin; write the object to stdout."""
-    from nfc.codegen.native import emit_object
+@dataclass(frozen=True)
+class KernelJob:
+    """One kernel to compile (see the module docstring)."""
 
+    symbol: str
+    spec: str
+    """IR text of a function holding the kernel op (`kernel_spec(op)["ir"]`)."""
+    schedule: dict[str, Any] | None
+    """The schedule as a dict (`to_dict()`), None for the default."""
+    cost: float
+    """Estimated effort (`loop_cost`); only orders the work."""
+
+
+def loop_cost(s: Stmt) -> float:
+    """Roughly the LLVM instructions a loop nest emits (`nfc.codegen.loops.stmt_cost`)."""
+    return stmt_cost(s)
+
+
+def hide(module: Any, symbol: str) -> None:
+    """Make `symbol` hidden: linkable between the library's objects, not exported from it."""
+    module.get_global(symbol).linkage = "hidden"
+
+
+def compile_text(text: str, target: CpuTarget, options: dict[str, int | bool] | None = None
+                 ) -> tuple[bytes, dict[str, float]]:
+    """Optimise LLVM IR text (pipeline `options`, default the kernels') and emit an object;
+    CPU seconds of both steps."""
+    from nfc.codegen.cpu import target_machine
+    from nfc.codegen.jit import optimize
+
+    t0 = time.process_time()
+    ref = optimize(text, target, options=options)
+    t1 = time.process_time()
+    obj = target_machine(target).emit_object(ref)
+    return obj, {"llvm_opt": t1 - t0, "codegen": time.process_time() - t1}
+
+
+def _build(job: dict[str, Any], target: CpuTarget) -> tuple[bytes, dict[str, float]]:
+    """What a worker does for one job: IR text to object code."""
+    from nfc.codegen.jit import emit_kernel, new_module
+    from nfc.codegen.tuning import load_op
+
+    t0 = time.process_time()
+    op = load_op({"ir": job["spec"]})
+    module = new_module(job["symbol"], target)
+    emit_kernel(module, job["symbol"], op, job["schedule"], target=target)
+    hide(module, job["symbol"])
+    text = str(module)
+    t_emit = time.process_time() - t0
+    obj, times = compile_text(text, target)
+    return obj, {"emit": t_emit, **times}
+
+
+def worker() -> None:
+    """Serve jobs: argv[1] is `{"target": ..., "dir": ...}`; stdin JSON lines, one per job;
+    for each, write `<dir>/<symbol>.o` and answer `{"symbol", "ok"|"error", "times"}`."""
     spec = json.loads(sys.argv[1])
     target = CpuTarget(spec["cpu"], spec["features"], spec["triple"])
-    text = sys.stdin.read()
-    sys.stdout.buffer.write(emit_object(text, target))
-    sys.stdout.buffer.flush()
-
-
-def emit_objects(texts: Sequence[str], target: CpuTarget, jobs: int) -> list[bytes]:
-    """Object code of each LLVM IR text, `jobs` at a time (this process does one)."""
-    from nfc.codegen.native import LinkError, emit_object
-
-    if jobs <= 1 or len(texts) <= 1:
-        return [emit_object(t, target) for t in texts]
-    spec = json.dumps({"cpu": target.cpu, "features": target.features, "triple": target.triple})
-    out: list[bytes] = []
-    pending = list(texts)
-    while pending:
-        batch, pending = pending[:jobs], pending[jobs:]
-        procs = [subprocess.Popen([sys.executable, "-c", _WORKER, spec], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for _ in batch[1:]]
+    out_dir = spec["dir"]
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        reply: dict[str, Any] = {"symbol": job["symbol"]}
         try:
-            for p, text in zip(procs, batch[1:], strict=True):
-                assert p.stdin is not None
-                p.stdin.write(text.encode())
-                p.stdin.close()
-            first = emit_object(batch[0], target)
-            rest = []
-            for p in procs:
-                assert p.stdout is not None and p.stderr is not None
-                obj = p.stdout.read()
-                err = p.stderr.read()
-                if p.wait() != 0:
-                    raise LinkError(f"a compile worker failed:\n{err.decode(errors='replace')}")
-                rest.append(obj)
+            obj, times = _build(job, target)
+            path = os.path.join(out_dir, job["symbol"] + ".o")
+            with open(path, "wb") as f:
+                f.write(obj)
+            reply.update(ok=path, times=times)
+        except Exception as exc:  # noqa: BLE001 - reported; the parent compiles it itself
+            reply["error"] = f"{type(exc).__name__}: {exc}"
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+class _Worker:
+    def __init__(self, target: CpuTarget, out_dir: str) -> None:
+        arg = json.dumps({"cpu": target.cpu, "features": target.features,
+                          "triple": target.triple, "dir": out_dir})
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, arg], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.pending: dict[str, KernelJob] = {}
+        self.buf = b""
+        self.alive = True
+
+    def send(self, job: KernelJob) -> bool:
+        line = json.dumps({"symbol": job.symbol, "spec": job.spec, "schedule": job.schedule})
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.alive = False
+            return False
+        self.pending[job.symbol] = job
+        return True
+
+    def fileno(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    def read_replies(self) -> list[dict[str, Any]]:
+        """Complete reply lines available now (call when select says readable)."""
+        chunk = os.read(self.fileno(), 1 << 16)
+        if not chunk:
+            self.alive = False
+            return []
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(x) for x in lines if x.strip()]
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def compile_jobs(jobs: Sequence[KernelJob], local: Callable[[KernelJob], bytes],
+                 target: CpuTarget, processes: int, stats: dict[str, Any], *,
+                 before: Sequence[Callable[[], None]] = ()) -> dict[str, bytes]:
+    """Object code of every job by symbol: `local(job)` in this process, the rest in
+    `processes - 1` workers (none when the work is small). `before` runs here first (once
+    the workers are starting). Adds CPU seconds by phase and job counts to `stats`."""
+    order = sorted(jobs, key=lambda j: -j.cost)  # workers take from the front, we from the back
+    nworkers = max(0, processes - 1)
+    if sum(j.cost for j in jobs) < PARALLEL_MIN_COST or len(jobs) < 4:
+        nworkers = 0
+    out: dict[str, bytes] = {}
+    if nworkers == 0:
+        for fn in before:
+            fn()
+        for job in order:
+            out[job.symbol] = local(job)
+        stats["local_jobs"] = stats.get("local_jobs", 0) + len(order)
+        return out
+    with tempfile.TemporaryDirectory(prefix="nfc-objs-") as tmp:
+        workers = [_Worker(target, tmp) for _ in range(nworkers)]
+        try:
+            for w in workers:  # queue their first jobs: they start compiling once imported
+                while w.alive and len(w.pending) < DEPTH and order and w.send(order[0]):
+                    order.pop(0)
+            for fn in before:
+                fn()
+            _run(order, local, workers, out, stats)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        out += [first, *rest]
+            for w in workers:
+                w.close()
     return out
+
+
+def _add_times(stats: dict[str, Any], times: dict[str, float]) -> None:
+    for k, v in times.items():
+        stats[k] = stats.get(k, 0.0) + float(v)
+
+
+def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: list[_Worker],
+         out: dict[str, bytes], stats: dict[str, Any]) -> None:
+    queue = list(order)
+    head = 0  # queue[head:] is left; workers take at head, we take at the end
+
+    def collect(timeout: float | None) -> None:
+        live = [w for w in workers if w.alive and w.pending]
+        if not live:
+            return
+        ready, _, _ = select.select(live, [], [], timeout)
+        for w in ready:
+            for reply in w.read_replies():
+                job = w.pending.pop(reply["symbol"])
+                if "ok" in reply:
+                    with open(reply["ok"], "rb") as f:
+                        out[job.symbol] = f.read()
+                    _add_times(stats, reply.get("times", {}))
+                    stats["worker_jobs"] = stats.get("worker_jobs", 0) + 1
+                else:  # compile it here: a real error then surfaces with its type
+                    stats.setdefault("worker_errors", []).append(reply.get("error"))
+                    out[job.symbol] = local(job)
+                    stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+            if not w.alive:  # died: its jobs come back to us
+                for job in w.pending.values():
+                    out[job.symbol] = local(job)
+                    stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+                w.pending.clear()
+
+    while head < len(queue) or any(w.pending for w in workers):
+        for w in workers:
+            while w.alive and len(w.pending) < DEPTH and head < len(queue):
+                if not w.send(queue[head]):
+                    break
+                head += 1
+        collect(0.0)
+        if head < len(queue):
+            job = queue.pop()
+            out[job.symbol] = local(job)
+            stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+        elif any(w.pending and w.alive for w in workers):
+            collect(None)  # block until a worker answers
+        else:
+            for w in workers:  # dead workers with jobs: handled by collect, but be safe
+                for job in w.pending.values():
+                    out[job.symbol] = local(job)
+                w.pending.clear()

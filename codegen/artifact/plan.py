@@ -18,7 +18,7 @@ through a staging buffer first, so the order of the copies never matters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,21 +123,44 @@ def _is_identity_load(ld: Load, op: ComputeOp) -> bool:
                     for e, d in zip(ld.indices, op.dims, strict=True)))
 
 
-def inplace_ok(func: Func, value: Value, arg: Value, pos: Mapping[int, int]) -> bool:
-    """Whether `value` may be computed straight into `arg`'s buffer (see the module doc)."""
+def inplace_ok(func: Func, value: Value, arg: Value, pos: Mapping[int, int],
+               reads: Mapping[int, frozenset[int]] | None = None) -> bool:
+    """Whether `value` may be computed straight into `arg`'s buffer (see the module doc).
+    `reads` (id(op) -> ids of its operands, from `op_reads`) saves recomputing operands."""
     if value.type != arg.type or value.owner is None or any(v is arg for v in func.ret.values):
         return False
     p = pos[id(value)]
     ops = func.body.ops
     for op in ops[p + 1:-1]:
-        if any(v is arg for v in op.operands):
+        if id(arg) in (reads[id(op)] if reads is not None else op_reads([op])[id(op)]):
             return False
     op = ops[p]
     if not any(v is arg for v in op.operands):
         return True
+    if isinstance(op, KernelOp):
+        # the kernel's stages run in body order and computes it yields or reduces are never
+        # inlined into later stages: safe when every other compute reading `arg` is such a
+        # stage before the one yielding `value`
+        body = op.body.ops[:-1]
+        inner = op.body.ops[-1].operands[value.index].owner
+        yielded = {id(v) for v in op.body.ops[-1].operands}
+        at = body.index(inner)
+        for n, c in enumerate(body):
+            if c is inner or not any(v is arg for v in c.operands):
+                continue
+            if n > at or not isinstance(c, ComputeOp) or (
+                    c.reduce is None and id(c.result) not in yielded):
+                return False
+        op, value = inner, inner.results[0]
     if not isinstance(op, ComputeOp) or op.reduce is not None or op.result is not value:
         return False
     return all(_is_identity_load(ld, op) for ld in loads(op.body) if ld.tensor is arg)
+
+
+def op_reads(ops: Sequence[Op]) -> dict[int, frozenset[int]]:
+    """id(op) -> the ids of the values each op reads (`Op.operands` walks a kernel's body,
+    which made `inplace_ok` quadratic in big models)."""
+    return {id(op): frozenset(id(v) for v in op.operands) for op in ops}
 
 
 def describe_op(n: int, op: Op) -> str:
@@ -176,6 +199,7 @@ def plan_function(func: Func, infos: Mapping[int, KernelInfo],
             for i, (a, attrs) in enumerate(zip(func.args, func.arg_attrs, strict=True))]
     where: dict[int, Slot] = {id(a): Slot("arg", i) for i, a in enumerate(func.args)}
     pos = op_positions(func)
+    reads: dict[int, frozenset[int]] | None = None
     pending: list[tuple[Value, Slot]] = []
     results: list[ResultInfo] = []
     n_out = 0
@@ -192,7 +216,9 @@ def plan_function(func: Func, infos: Mapping[int, KernelInfo],
                 raise CompileError(error(f"@{func.name}: in-place result {r} has type {v.type} "
                                          f"but '{target}' has {arg.type}", func.loc).diagnostics)
             dst = Slot("arg", arg_index[target])
-            if id(v) not in where and inplace_ok(func, v, arg, pos):
+            if reads is None:
+                reads = op_reads(ops)
+            if id(v) not in where and inplace_ok(func, v, arg, pos, reads):
                 where[id(v)] = dst
             else:
                 pending.append((v, dst))

@@ -18,7 +18,7 @@ from llvmlite import ir
 from nfc.affine import interval
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.llvm import intrinsics as M
-from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype
+from nfc.codegen.llvm.exprs import ExprEmitter, const_ints, infer, lltype, memtype
 from nfc.codegen.loops import (
     Allocate,
     Barrier,
@@ -31,6 +31,7 @@ from nfc.codegen.loops import (
     Seq,
     Stmt,
     Store,
+    stmt_cost,
 )
 from nfc.ir import Binary, DType, Expr
 
@@ -38,6 +39,9 @@ PTR = ir.PointerType()
 VOID = ir.VoidType()
 #: LOCAL buffers up to this size live on the stack; bigger ones are heap-allocated.
 STACK_BYTES = 64 * 1024
+#: Innermost serial loops of at most this many iterations and this estimated size in all
+#: (`stmt_cost`) are unrolled by the emitter (`_auto_unroll`).
+AUTO_UNROLL_TRIPS, AUTO_UNROLL_COST = 32, 640
 _counter = itertools.count()
 
 
@@ -135,6 +139,12 @@ class FuncEmitter(ExprEmitter):
 
     def if_(self, s: If) -> None:
         cond = self.value(s.cond, DType.I1)
+        known = const_ints(cond)
+        if known is not None and len(set(known)) == 1:  # decided at compile time
+            taken = s.then if known[0] else s.orelse
+            if taken is not None:
+                self.stmt(taken)
+            return
         if M.lanes(cond.type) is not None:
             outer = self.mask
             self.mask = cond if outer is None else self.b.and_(outer, cond)
@@ -157,7 +167,15 @@ class FuncEmitter(ExprEmitter):
 
     def loop(self, s: For) -> None:
         c = s.const_extent
-        if s.kind is LoopKind.UNROLLED and c is not None:
+        if c == 1 and s.kind is not LoopKind.VECTORIZED and not s.kind.is_gpu:
+            # one iteration: straight-line code with the variable 0, which folds the index
+            # arithmetic (no phi loop, no outlined parallel region for one chunk)
+            saved = self.env.get(s.var)
+            self.env[s.var] = ir.Constant(M.I64, 0)
+            self.ranges[s.var] = (0, 0)
+            self.stmt(s.body)
+            self._forget(s.var, saved)
+        elif s.kind is LoopKind.UNROLLED and c is not None or _auto_unroll(s, c):
             saved = self.env.get(s.var)
             for k in range(c):
                 self.env[s.var] = ir.Constant(M.I64, k)
@@ -224,7 +242,10 @@ class FuncEmitter(ExprEmitter):
         ptr_items = list(self.ptrs.items())
         if self.workspace is not None:
             ptr_items.append(("__workspace__", self.workspace))
-        env_items = [(k, v) for k, v in self.env.items()]
+        # known values (unrolled and single-iteration loop variables) are not passed through
+        # memory: the outlined body uses the constants, which keeps its arithmetic folded
+        env_items = [(k, v) for k, v in self.env.items() if not isinstance(v, ir.Constant)]
+        env_consts = {k: v for k, v in self.env.items() if isinstance(v, ir.Constant)}
         st = ir.LiteralStructType([PTR] * len(ptr_items) + [M.I64] * (len(env_items) + 1))
         data = _aligned_alloca(self.entry, st, "par.data")
         zero = ir.Constant(M.I32, 0)
@@ -237,6 +258,7 @@ class FuncEmitter(ExprEmitter):
         set_attributes(sub, ("nounwind", *self.target.function_attributes))
         child = FuncEmitter(sub, self.target, parallel=False)
         child.ranges = dict(self.ranges)
+        child.env.update(env_consts)
         child.ws_offsets = self.ws_offsets
         cb = child.b
         arg = sub.args[0]
@@ -299,7 +321,7 @@ class FuncEmitter(ExprEmitter):
         val_lane = self.lane_dependent(s.value)
         off, _ = self.address(buf, s.indices)
         if self.lane is None or (not idx_lane and not val_lane and self.mask is None):
-            p = self.gep(buf, self.value(off, DType.I64))
+            p = self.gep(buf, self.int_value(off))
             if s.reduce is None:
                 v = self.value(s.value, dt)
             else:
@@ -318,7 +340,7 @@ class FuncEmitter(ExprEmitter):
                 ident = self.value(identity(s.reduce, dt), dt)
                 v = b.select(self.mask, v, self.vec(ident))
             r = self.horizontal(s.reduce, v, dt)
-            p = self.gep(buf, self.value(off, DType.I64))
+            p = self.gep(buf, self.int_value(off))
             old = b.load(p, typ=et)
             b.store(self._to_mem(self._merge(s.reduce, old, r, dt), dt), p)
             return
@@ -359,8 +381,6 @@ class FuncEmitter(ExprEmitter):
 
     def scatter(self, s: Store, off: Expr) -> None:
         """A store whose lanes hit non-contiguous elements: lane by lane."""
-        from nfc.codegen.llvm.exprs import _subst
-
         b = self.b
         dt = s.buffer.dtype
         v = self.vec(self.value(s.value, dt)) if s.reduce is None else None
@@ -370,7 +390,7 @@ class FuncEmitter(ExprEmitter):
             kc = ir.Constant(M.I32, k)
 
             def one(k: int = k, kc: ir.Constant = kc) -> None:
-                o = self.value(_subst(off, lane, k), DType.I64)
+                o = self.int_value(off, k)
                 p = self.gep(s.buffer, o)
                 if v is not None:
                     b.store(self._to_mem(b.extract_element(v, kc), dt), p)
@@ -418,6 +438,19 @@ class FuncEmitter(ExprEmitter):
         cmp = ">" if op == "max" else "<"
         c = b.fcmp_ordered(cmp, r, old) if dt.is_float else b.icmp_signed(cmp, r, old)
         return b.select(c, r, old)
+
+
+def _auto_unroll(s: For, c: int | None) -> bool:
+    """Whether to unroll a short innermost serial loop although the schedule did not ask:
+    its trip count and body are small (a tile remainder, a reduction over 10 classes). Its
+    masks and index arithmetic then fold to constants; LLVM's own unroller, which would do
+    the same, is off (jit.PIPELINE) because elsewhere it costs compile time for nothing."""
+    if s.kind is not LoopKind.SERIAL or c is None or not 2 <= c <= AUTO_UNROLL_TRIPS:
+        return False
+    if any(isinstance(x, For) and x.kind in (LoopKind.SERIAL, LoopKind.PARALLEL)
+           and x.const_extent != 1 for x in s.body.walk()):
+        return False
+    return c * stmt_cost(s.body) <= AUTO_UNROLL_COST
 
 
 def _elem_bytes(t: ir.Type) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from nfc.affine import interval, to_affine
+from nfc.affine import Affine, interval, to_affine
 from nfc.codegen.llvm import intrinsics as M
 from nfc.codegen.loops import Buffer, BufLoad, Clamp
 from nfc.ir import COMPARISONS, Binary, Call, Cast, Const, DType, Expr, Index, Select, Unary
@@ -44,22 +44,35 @@ def unify(a: DType, b: DType) -> DType:
     return a if a.itemsize >= b.itemsize else b
 
 
-def _weak(e: Expr) -> bool:
+#: Memo of `infer`/`_weak` results by (id(node), context); each entry pins its node, so an id is
+#: never reused while the memo lives. An emitter keeps one per function: typing is then linear
+#: in the expression size instead of quadratic in its depth.
+TypeMemo = dict[tuple[int, object], tuple[Expr, object]]
+
+
+def _weak(e: Expr, memo: TypeMemo | None = None) -> bool:
+    if memo is not None:
+        hit = memo.get((id(e), "weak"))
+        if hit is not None and hit[0] is e:
+            return bool(hit[1])
     if isinstance(e, Const):
-        return e.dtype is None
-    if isinstance(e, Unary) and e.op == "neg":
-        return _weak(e.x)
-    if isinstance(e, Binary) and e.op not in COMPARISONS and e.op not in ("and", "or"):
-        return _weak(e.a) and _weak(e.b)
-    if isinstance(e, Select):
-        return _weak(e.a) and _weak(e.b)
-    if isinstance(e, Call) and e.fn != "philox":
-        return all(_weak(a) for a in e.args)
-    return False
+        r = e.dtype is None
+    elif isinstance(e, Unary) and e.op == "neg":
+        r = _weak(e.x, memo)
+    elif isinstance(e, Select) or (isinstance(e, Binary) and e.op not in COMPARISONS
+                                   and e.op not in ("and", "or")):
+        r = _weak(e.a, memo) and _weak(e.b, memo)
+    elif isinstance(e, Call) and e.fn != "philox":
+        r = all(_weak(a, memo) for a in e.args)
+    else:
+        r = False
+    if memo is not None:
+        memo[(id(e), "weak")] = (e, r)
+    return r
 
 
-def infer(e: Expr, ctx: DType | None) -> DType:
-    """The type `e` computes in, given the type its context expects."""
+def infer(e: Expr, ctx: DType | None, memo: TypeMemo | None = None) -> DType:
+    """The type `e` computes in, given the type its context expects (`memo`: see TypeMemo)."""
     if isinstance(e, Const):
         if e.dtype is not None:
             return e.dtype
@@ -74,29 +87,128 @@ def infer(e: Expr, ctx: DType | None) -> DType:
         return e.buffer.dtype
     if isinstance(e, Cast):
         return e.dtype
+    if memo is not None:
+        hit = memo.get((id(e), ctx))
+        if hit is not None and hit[0] is e:
+            return hit[1]  # type: ignore[return-value]
+    r = _infer(e, ctx, memo)
+    if memo is not None:
+        memo[(id(e), ctx)] = (e, r)
+    return r
+
+
+def _infer(e: Expr, ctx: DType | None, memo: TypeMemo | None) -> DType:
     if isinstance(e, Unary):
-        return DType.I1 if e.op == "not" else infer(e.x, ctx)
+        return DType.I1 if e.op == "not" else infer(e.x, ctx, memo)
     if isinstance(e, Binary):
         if e.op in COMPARISONS or e.op in ("and", "or"):
             return DType.I1
-        return _common([e.a, e.b], ctx)
+        return _common([e.a, e.b], ctx, memo)
     if isinstance(e, Select):
-        return _common([e.a, e.b], ctx)
+        return _common([e.a, e.b], ctx, memo)
     if isinstance(e, Call):
         if e.fn == "philox":
             return ctx if ctx is not None and ctx.is_float else DType.F32
-        return _common(list(e.args), ctx)
+        return _common(list(e.args), ctx, memo)
     raise TypeError(f"cannot type {e!r}")
 
 
-def _common(args: list[Expr], ctx: DType | None) -> DType:
-    strong = [infer(a, None) for a in args if not _weak(a)]
+def _common(args: list[Expr], ctx: DType | None, memo: TypeMemo | None = None) -> DType:
+    strong = [infer(a, None, memo) for a in args if not _weak(a, memo)]
     if not strong:
-        return infer(args[0], ctx) if ctx is None else ctx
+        return infer(args[0], ctx, memo) if ctx is None else ctx
     out = strong[0]
     for t in strong[1:]:
         out = unify(out, t)
     return out
+
+
+def const_ints(v: ir.Value) -> list[int] | None:
+    """The lane values of an integer (or i1) constant, scalar or vector; None when `v` is not
+    a fully known integer constant."""
+    if not isinstance(v, ir.Constant) or not isinstance(M.elem(v.type), ir.IntType):
+        return None
+    c = v.constant
+    items = c if isinstance(c, list | tuple) else [c]
+    out = []
+    for x in items:
+        x = x.constant if isinstance(x, ir.Constant) else x
+        if not isinstance(x, int):  # undef, or an expression
+            return None
+        out.append(int(x))
+    return out
+
+
+def int_constant(t: ir.Type, values: list[int]) -> ir.Constant | None:
+    """A constant of the integer (vector) type `t` from lane values; None when a value does
+    not fit (then the instruction is emitted and LLVM wraps as usual)."""
+    e = M.elem(t)
+    assert isinstance(e, ir.IntType)
+    if e.width == 1:
+        vals: list[int | bool] = [bool(x & 1) for x in values]
+    else:
+        lo, hi = -(1 << (e.width - 1)), (1 << (e.width - 1)) - 1
+        if any(x < lo or x > hi for x in values):
+            return None
+        vals = list(values)
+    n = M.lanes(t)
+    if n is None:
+        return ir.Constant(t, vals[0])
+    if len(vals) == 1:
+        vals = vals * n
+    return ir.Constant(t, [ir.Constant(e, x) for x in vals])
+
+
+_INT_OPS: dict[str, Callable[[int, int], int | bool]] = {
+    "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
+    "//": lambda x, y: x // y, "%": lambda x, y: x % y,  # floor semantics, like the IR
+    "<": lambda x, y: x < y, "<=": lambda x, y: x <= y, ">": lambda x, y: x > y,
+    ">=": lambda x, y: x >= y, "==": lambda x, y: x == y, "!=": lambda x, y: x != y,
+    "and": lambda x, y: bool(x and y), "or": lambda x, y: bool(x or y),
+}
+
+
+def fold_int(op: str, x: ir.Value, y: ir.Value, rtype: ir.Type) -> ir.Value | None:
+    """`x op y` of integer (or i1) values, without an instruction when the result is known:
+    both constant, or an identity (`+ 0`, `* 1`, `* 0`, `and true`, ...). Index arithmetic of
+    unrolled loops and single-iteration loops is all constants; emitting it would triple the
+    LLVM IR handed to the optimiser."""
+    if op not in _INT_OPS:
+        return None
+    cx, cy = const_ints(x), const_ints(y)
+    if cx is None and cy is None:
+        return None
+    if cx is not None and cy is not None:
+        if op in ("//", "%") and 0 in cy:
+            return None
+        n = max(len(cx), len(cy))
+        cx, cy = cx * (n // len(cx)), cy * (n // len(cy))
+        return int_constant(rtype, [int(_INT_OPS[op](a, b)) for a, b in zip(cx, cy, strict=True)])
+    same = x.type == y.type == rtype
+
+    def uniform(c: list[int] | None, k: int) -> bool:
+        return c is not None and all(v == k for v in c)
+    if not same:
+        return None
+    if op == "+":
+        return y if uniform(cx, 0) else x if uniform(cy, 0) else None
+    if op == "-":
+        return x if uniform(cy, 0) else None
+    if op == "*":
+        if uniform(cx, 1):
+            return y
+        if uniform(cy, 1):
+            return x
+        return x if uniform(cx, 0) else y if uniform(cy, 0) else None
+    if op == "and":
+        return y if uniform(cx, 1) else x if uniform(cy, 1) else (
+            x if uniform(cx, 0) else y if uniform(cy, 0) else None)
+    if op == "or":
+        return y if uniform(cx, 0) else x if uniform(cy, 0) else (
+            x if uniform(cx, 1) else y if uniform(cy, 1) else None)
+    if op in ("//", "%") and uniform(cy, 1):
+        return x if op == "//" else int_constant(rtype, [0])
+    return None
 
 
 class ExprEmitter:
@@ -108,6 +220,12 @@ class ExprEmitter:
     lane: str | None = None
     width: int = 1
     mask: ir.Value | None = None
+    memo: TypeMemo | None = None
+    """Types of the expressions emitted so far (per emitter, see TypeMemo)."""
+    addr_memo: dict[tuple[object, ...], tuple[object, object, tuple[Expr, list[Clamp]]]] | None \
+        = None
+    aff_memo: dict[tuple[int, str | None], tuple[Expr, object]] | None = None
+    sum_memo: dict[tuple[object, ...], tuple[object, ir.Value, list[ir.Value]]] | None = None
 
     def ptr(self, buf: Buffer) -> ir.Value:  # pragma: no cover - abstract
         """The base pointer of `buf`."""
@@ -120,6 +238,8 @@ class ExprEmitter:
         if M.lanes(v.type) is not None:
             return v
         vt = ir.VectorType(v.type, self.width)
+        if isinstance(v, ir.Constant) and not isinstance(v.constant, ir.values._Undefined):
+            return ir.Constant(vt, [v] * self.width)
         one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(M.I32, 0))
         return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
                                      ir.Constant(ir.VectorType(M.I32, self.width),
@@ -146,6 +266,11 @@ class ExprEmitter:
             zero = M.const(v.type, 0.0 if src.is_float else 0)
             return b.fcmp_unordered("!=", v, zero) if src.is_float else b.icmp_signed(
                 "!=", v, zero)
+        ints = const_ints(v)
+        if ints is not None and not src.is_float and not dst.is_float:
+            folded = int_constant(to, [int(x != 0) if dst is DType.I1 else x for x in ints])
+            if folded is not None:
+                return folded
         if src.is_float and dst.is_float:
             return b.fpext(v, to) if dst.itemsize > src.itemsize else b.fptrunc(v, to)
         if src.is_float:
@@ -158,7 +283,9 @@ class ExprEmitter:
 
     def value(self, e: Expr, dt: DType) -> ir.Value:
         """`e` evaluated and converted to `dt`."""
-        src = infer(e, dt)
+        if self.memo is None:
+            self.memo = {}
+        src = infer(e, dt, self.memo)
         return self.convert(self.emit(e, src), src, dt)
 
     def nonneg(self, e: Expr) -> bool:
@@ -179,6 +306,11 @@ class ExprEmitter:
             return self.env[e.name]
         if isinstance(e, Clamp):
             v = self.emit(e.x, DType.I64)
+            ints = const_ints(v)
+            if ints is not None:
+                folded = int_constant(v.type, [min(x, e.hi) for x in ints])
+                if folded is not None:
+                    return folded
             hi = M.const(v.type, e.hi)
             return b.select(b.icmp_signed("<", v, hi), v, hi)
         if isinstance(e, BufLoad):
@@ -188,6 +320,9 @@ class ExprEmitter:
         if isinstance(e, Unary):
             if e.op == "not":
                 v = self.value(e.x, DType.I1)
+                ints = const_ints(v)
+                if ints is not None:
+                    return int_constant(v.type, [1 - (x & 1) for x in ints]) or v
                 return b.xor(v, M.const(v.type, 1))
             v = self.emit(e.x, dt)
             return b.fneg(v) if dt.is_float else b.sub(M.const(v.type, 0), v)
@@ -203,10 +338,17 @@ class ExprEmitter:
         b = self.b
         if e.op in ("and", "or"):
             x, y = self.match(self.value(e.a, DType.I1), self.value(e.b, DType.I1))
+            folded = fold_int(e.op, x, y, x.type)
+            if folded is not None:
+                return folded
             return b.and_(x, y) if e.op == "and" else b.or_(x, y)
         if e.op in COMPARISONS:
-            t = _common([e.a, e.b], None)
+            t = _common([e.a, e.b], None, self.memo)
             x, y = self.match(self.value(e.a, t), self.value(e.b, t))
+            if not t.is_float:
+                folded = fold_int(e.op, x, y, M.like(x.type, M.I1))
+                if folded is not None:
+                    return folded
             if t.is_float:
                 if e.op == "!=":
                     return b.fcmp_unordered("!=", x, y)
@@ -219,6 +361,9 @@ class ExprEmitter:
                 return q if e.op == "//" else b.fsub(x, b.fmul(q, y))
             fn = {"+": b.fadd, "-": b.fsub, "*": b.fmul, "/": b.fdiv}[e.op]
             return fn(x, y)
+        folded = fold_int(e.op, x, y, x.type)
+        if folded is not None:
+            return folded
         if e.op in ("+", "-", "*"):
             return {"+": b.add, "-": b.sub, "*": b.mul}[e.op](x, y)
         if e.op == "/":
@@ -238,6 +383,11 @@ class ExprEmitter:
     def select(self, e: Select, dt: DType) -> ir.Value:
         b = self.b
         cond = self.value(e.cond, DType.I1)
+        known = const_ints(cond)
+        if known is not None and len(set(known)) == 1:  # the same side for every lane
+            chosen = e.a if known[0] else e.b
+            v = self.value(chosen, dt)
+            return v if M.lanes(cond.type) is None else self.vec(v)
         has_loads = any(isinstance(x, BufLoad) for x in (*e.a.walk(), *e.b.walk()))
         if M.lanes(cond.type) is not None:
             if not has_loads:
@@ -313,7 +463,15 @@ class ExprEmitter:
     def address(self, buf: Buffer, indices: tuple[Expr, ...], *, strip: bool = True
                 ) -> tuple[Expr, list[Clamp]]:
         """The flattened offset expression and, with `strip`, the lane-dependent clamps
-        taken out of it (for a masked contiguous access)."""
+        taken out of it (for a masked contiguous access). The same access (an unrolled body
+        emits it many times) gets the same expression object, so its affine form is
+        computed once (`affine_form`)."""
+        if self.addr_memo is None:
+            self.addr_memo = {}
+        key = (id(indices), id(buf), strip, self.lane)
+        hit = self.addr_memo.get(key)
+        if hit is not None and hit[0] is indices and hit[1] is buf:
+            return hit[2]
         clamps: list[Clamp] = []
         off: Expr = Const(0)
         for ix, st in zip(indices, buf.strides, strict=True):
@@ -321,18 +479,82 @@ class ExprEmitter:
                 clamps.append(ix)
                 ix = ix.x
             off = Binary("+", off, Binary("*", ix, Const(st)))
+        self.addr_memo[key] = (indices, buf, (off, clamps))
         return off, clamps
+
+    def affine_form(self, e: Expr) -> tuple[Affine, dict[str, Expr]] | None:
+        """`e` as an affine form over loop variables and atoms (non-affine sub-expressions
+        free of the lane variable, named `@n`), memoised per expression; None when the lane
+        variable occurs outside affine terms."""
+        if self.aff_memo is None:
+            self.aff_memo = {}
+        key = (id(e), self.lane)
+        hit = self.aff_memo.get(key)
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        atoms: dict[str, Expr] = {}
+        lane = self.lane
+
+        def atom(x: Expr) -> str | None:
+            if lane is not None and any(isinstance(i, Index) and i.name == lane
+                                        for i in x.walk()):
+                return None
+            name = f"@{len(atoms)}"
+            atoms[name] = x
+            return name
+        a = to_affine(e, atom)
+        form = None if a is None else (a, atoms)
+        self.aff_memo[key] = (e, form)
+        return form
+
+    def int_value(self, e: Expr, lane_at: int | None = None) -> ir.Value:
+        """The scalar i64 value of the index expression `e` (the lane variable, if any, at
+        `lane_at`): a sum of the non-constant terms of its affine form, with everything
+        known folded into one constant."""
+        form = self.affine_form(e)
+        if form is None or (lane_at is None and self.lane is not None
+                            and form[0].coeff(self.lane)):
+            if lane_at is not None and self.lane is not None:
+                e = _subst(e, self.lane, lane_at)
+            return self.value(e, DType.I64)
+        a, atoms = form
+        b = self.b
+        total = a.const
+        terms: list[tuple[ir.Value, int]] = []
+        for name, c in a.coeffs:
+            if name == self.lane:
+                total += c * (lane_at or 0)
+                continue
+            v = self.value(atoms[name], DType.I64) if name in atoms else self.env[name]
+            known = const_ints(v)
+            if known is not None and len(known) == 1:
+                total += c * known[0]
+                continue
+            terms.append((v, c))
+        if not terms:
+            return ir.Constant(M.I64, total)
+        # the variable part is shared by every access of an unrolled body: computed once per
+        # basic block (where it dominates every later use), the rest is a constant offset
+        if self.sum_memo is None:
+            self.sum_memo = {}
+        key = (id(b.block), tuple((id(v), c) for v, c in terms))
+        hit = self.sum_memo.get(key)
+        if hit is not None and hit[0] is b.block:
+            acc = hit[1]
+        else:
+            acc = None
+            for v, c in terms:
+                t = v if c == 1 else b.mul(v, ir.Constant(M.I64, c))
+                acc = t if acc is None else b.add(acc, t)
+            assert acc is not None
+            self.sum_memo[key] = (b.block, acc, [v for v, _ in terms])
+        return acc if total == 0 else b.add(acc, ir.Constant(M.I64, total))
 
     def lane_coeff(self, off: Expr) -> int | None:
         """Coefficient of the lane variable in `off` (None: not affine in it)."""
         assert self.lane is not None
-        lane = self.lane
-
-        def atom(x: Expr) -> str | None:
-            return None if lane in {i.name for i in x.walk() if isinstance(i, Index)} else (
-                f"@{id(x)}")
-        a = to_affine(off, atom)
-        return None if a is None else a.coeff(lane)
+        form = self.affine_form(off)
+        return None if form is None else form[0].coeff(self.lane)
 
     def gep(self, buf: Buffer, off: ir.Value) -> ir.Value:
         return self.b.gep(self.ptr(buf), [off], source_etype=memtype(buf.dtype))
@@ -343,7 +565,7 @@ class ExprEmitter:
         et = memtype(buf.dtype)
         if not self.lane_dependent(e):
             off, _ = self.address(buf, e.indices)
-            v = b.load(self.gep(buf, self.value(off, DType.I64)), typ=et)
+            v = b.load(self.gep(buf, self.int_value(off)), typ=et)
             return b.trunc(v, M.I1) if buf.dtype is DType.I1 else v
         off, clamps = self.address(buf, e.indices)
         coeff = self.lane_coeff(off)
@@ -353,8 +575,13 @@ class ExprEmitter:
             p = self.gep(buf, base)
             mask = self.mask
             for c in clamps:
-                ok = b.icmp_signed("<=", self.emit(c.x, DType.I64), M.const(
-                    ir.VectorType(M.I64, self.width), c.hi))
+                x = self.emit(c.x, DType.I64)
+                known = const_ints(x)
+                if known is not None and all(v <= c.hi for v in known):
+                    continue  # every lane in bounds: no mask needed for this clamp
+                ok = b.icmp_signed("<=", x, M.const(x.type, c.hi)) if known is None else (
+                    int_constant(M.like(x.type, M.I1), [v <= c.hi for v in known]))
+                ok = self.vec(ok)
                 mask = ok if mask is None else b.and_(mask, ok)
             if mask is None:
                 v = b.load(p, typ=vt, align=_size(et))
@@ -367,8 +594,7 @@ class ExprEmitter:
         off, _ = self.address(buf, e.indices, strip=False)
         out = ir.Constant(vt, ir.Undefined)
         for lane in range(self.width):
-            sub = _subst(off, self.lane, lane)
-            o = self.value_scalar(sub)
+            o = self.int_value(off, lane)
             if self.mask is not None:
                 on = b.extract_element(self.mask, ir.Constant(M.I32, lane))
                 o = b.select(on, o, ir.Constant(M.I64, 0))
@@ -379,7 +605,7 @@ class ExprEmitter:
     def scalar_at_lane0(self, e: Expr) -> ir.Value:
         """`e` with the lane variable at 0, as a scalar i64."""
         assert self.lane is not None
-        return self.value_scalar(_subst(e, self.lane, 0))
+        return self.int_value(e, 0)
 
     def value_scalar(self, e: Expr) -> ir.Value:
         """Evaluate a lane-free integer expression (Clamps as `min`)."""

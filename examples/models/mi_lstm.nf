@@ -16,7 +16,7 @@ model mi_lstm(batch = 64, steps = 8, inputs = 784, hidden = 1024, classes = 10) 
   input  y: i32[batch]
   param  w: f32[inputs, 4 * hidden] = glorot_uniform
   param  u: f32[hidden, 4 * hidden] = glorot_uniform
-  param  b: f32[4 * hidden] = zeros
+  param  b: f32[4 * hidden] = ones    # not zeros: h0 = 0 and b = 0 keep h at 0 (x enters times hU)
   param  wo: f32[hidden, classes] = glorot_uniform
   param  bo: f32[classes] = zeros
   h[n in 0..batch, j in 0..hidden] = 0.0

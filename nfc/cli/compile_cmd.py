@@ -44,6 +44,9 @@ def add_parser(subparsers: Any) -> None:
                    help="time every kernel call (for nfc train --profile)")
     p.add_argument("--no-tuning", action="store_true",
                    help="ignore tuned schedules of the tuning cache (nfc tune)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="one kernel per compute: skip the fuse pass (run after -p and the "
+                        "tuned schedules)")
     p.set_defaults(func=run)
 
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     """Compile and write the requested output."""
     from nfc.runtime.build import (
         DEFAULT_PIPELINE,
+        FUSE_PIPELINE,
         SettingError,
         apply_tuning,
         build_library,
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
     funcs = args.functions or None
     note = "" if args.no_tuning or args.emit == "ir" else apply_tuning(module)
+    if not args.no_fuse:
+        run_pipeline(module, FUSE_PIPELINE)
     if args.emit == "ir":
         from nfc.printer import print_module
 

@@ -6,7 +6,10 @@
     nfc train model.nf --data mnist1d --profile --trace trace.json --threads 2
 
 Data sets: digits (scikit-learn), mnist1d (pip install mnist1d), text (Python's docs),
-synthetic. Batches are shuffled every epoch with --seed; the last partial batch is dropped.
+synthetic; `auto` (the default) picks the one that fits the model's inputs: digits for float
+features (flat, images, sequences of rows; resized, channels replicated), text for token ids
+(next character, or next characters at every position for language models). Batches are
+shuffled every epoch with --seed; the last partial batch is dropped.
 Parameters start from the model's initializers with --seed (or from the last checkpoint with
 --resume, which continues bit-exactly). --compare-torch also times the same step in PyTorch
 eager (MLP models: linear layers with ReLU and softmax cross-entropy) and shows the ratio.
@@ -15,10 +18,16 @@ eager (MLP models: linear layers with ReLU and softmax cross-entropy) and shows 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from nfc.cli import UsageError
+
+#: `--epochs` when only `--max-steps` bounds the run: the steps end it first.
+UNTIL_MAX_STEPS = 1 << 30
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,9 +35,14 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train a model (native steps)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="a .nf model, a .nfir module or a compiled .so")
-    p.add_argument("--data", default="digits",
-                   help="digits, mnist1d, text or synthetic (default: digits)")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--data", default="auto",
+                   help="auto, digits, mnist1d, text or synthetic (default: auto, from the "
+                   "model's input shapes)")
+    p.add_argument("--resize", choices=("bilinear", "nearest"), default="bilinear",
+                   help="how images are resized to the model's input (default: bilinear)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the training data (default 1; with --max-steps, as many "
+                   "as the steps take)")
     p.add_argument("--batch", type=int, default=None,
                    help="batch size (sets the model parameter `batch` when compiling)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (opt.lr)")
@@ -54,7 +68,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-cache", action="store_true", help="always rebuild the library")
     p.add_argument("--no-tuning", action="store_true",
                    help="ignore tuned schedules of the tuning cache (nfc tune)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="one kernel per compute: skip the fuse pass")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--no-eval", action="store_true",
+                   help="skip the test-split evaluation after each epoch (short runs)")
     p.add_argument("--compare-torch", action="store_true",
                    help="time the same step in PyTorch eager, when installed")
     p.set_defaults(func=run)
@@ -67,23 +85,31 @@ def run(args: argparse.Namespace) -> int:
     from nfc.runtime.loader import ArtifactError
     from nfc.runtime.train import TrainConfig, TrainError, train
 
-    if args.epochs < 1:
+    if args.epochs is not None and args.epochs < 1:
         raise UsageError("--epochs must be at least 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    epochs = args.epochs or (UNTIL_MAX_STEPS if args.max_steps else 1)
     if args.every < 0:
         raise UsageError("--every must be >= 0")
     cfg = TrainConfig(
-        source=args.file, data=args.data, epochs=args.epochs, batch=args.batch, lr=args.lr,
+        source=args.file, data=args.data, resize=args.resize, epochs=epochs,
+        batch=args.batch, lr=args.lr,
         seed=args.seed, settings=tuple(args.settings), metrics=args.metrics, plot=args.plot,
         checkpoint=args.checkpoint, every=args.every, resume=args.resume,
         profile=args.profile, trace=(args.trace or "nfc-trace.json") if args.profile else None,
         threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
-        tuning=not args.no_tuning)
+        tuning=not args.no_tuning, fuse=not args.no_fuse, evaluate=not args.no_eval)
     try:
-        res = train(cfg)
+        with _sleeping_omp_threads():
+            res = train(cfg)
     except (TrainError, DataError, ArtifactError, SettingError) as exc:
         raise UsageError(str(exc)) from None
     losses = res.losses
+    how = "cached" if res.cached else "built"
+    print(f"data: {res.data_note or res.data}")
+    print(f"compile: {res.compile_seconds:.2f} s ({how})")
     if losses:
         k = max(1, min(10, len(losses) // 4))
         first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
@@ -103,6 +129,25 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_torch:
         _compare_torch(res, res.threads)
     return 0
+
+
+@contextlib.contextmanager
+def _sleeping_omp_threads() -> Iterator[None]:
+    """Let idle OpenMP threads sleep rather than spin, unless the user chose
+    (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`). On a busy machine a spinning thread takes the core
+    its team-mate needs: a 2-thread MobileNet step (batch 8) took 2.3 s spinning and 20 ms
+    sleeping with the 2 cores shared by ~10 runnable processes, while sleeping costs
+    microseconds per parallel region on an idle machine. libgomp reads the variable when it is
+    first loaded (with the model library, inside); the environment is restored afterwards so
+    that processes started later (and in-process callers) see their own."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        yield
+        return
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def _compare_torch(res: Any, threads: int) -> None:

@@ -7,6 +7,7 @@ import pytest
 from codegen_lib import F32, F64, I1, I32, check, compute, ld, matmul, reference, tensor
 
 from nfc.codegen.jit import compile_kernel
+from nfc.codegen.space import SMALL_GEMM_WORK, GemmSpace, schedule_space
 from nfc.ir import Binary, Call, Cast, Const, Index, Select, Unary
 
 
@@ -53,7 +54,12 @@ def test_reduce_two_axes():
 
 @pytest.mark.parametrize("m,n,k", [(64, 64, 64), (37, 29, 45), (1, 10, 33), (130, 17, 300)])
 def test_gemm_f32(m, n, k):
-    check(matmul(m, n, k), atol=1e-4 * np.sqrt(k))
+    op = matmul(m, n, k)
+    check(op, atol=1e-4 * np.sqrt(k))
+    if m * n * k < SMALL_GEMM_WORK:  # the default is the loop template: the GEMM one too
+        space = schedule_space(op)
+        assert isinstance(space, GemmSpace)
+        check(op, space.default(), atol=1e-4 * np.sqrt(k))
 
 
 @pytest.mark.parametrize("dtype", [F64, I32])

@@ -151,7 +151,7 @@ def test_data_sets_fit_model_inputs():
     onehot = datasets.load("text", datasets.InputSpec("x", (4, 5 * 30), f32), 30)
     assert onehot.x_train.shape[1:] == (150,) and set(np.unique(onehot.x_train)) <= {0.0, 1.0}
     s = datasets.load("synthetic", datasets.InputSpec("x", (16, 3, 4), f32), 5)
-    assert s.x_train.shape == (1024, 3, 4) and s.y_train.max() < 5
+    assert s.x_train.shape == (2048, 3, 4) and s.y_train.max() < 5  # >= 64 batches, >= 2048
     with pytest.raises(datasets.DataError, match="unknown data set"):
         datasets.load("imagenet", datasets.InputSpec("x", (1, 1), f32), 2)
 

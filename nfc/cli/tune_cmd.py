@@ -1,0 +1,134 @@
+"""`nfc tune`: measure schedules for every distinct kernel of a model's training step and keep
+the best in the tuning cache, which `nfc compile` and `nfc train` then use.
+
+    nfc tune model.nf --trials 64                    # per kernel (default 64)
+    nfc tune model.nf --time 600                     # 10 minutes for the whole model
+    nfc tune model.nf --set batch=32 --db team.sqlite --report tune.json --plot tune.png
+    nfc tune model.nf --mode fast                    # never measure the naive default
+    nfc tune model.nf --mode heuristic               # measure nothing: show what is cached
+
+Kernels are tuned most expensive first (by a profiled step with default schedules, else by
+FLOP/byte counts); identical kernels (one layer in two models, the steps of an unrolled RNN)
+are tuned once. Every measurement is committed at once: stopping (Ctrl-C, even kill -9) loses
+at most the candidate in flight, and rerunning the same command continues where it stopped
+without measuring anything twice. See docs/tuning-cache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from nfc.cli import UsageError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `nfc tune`."""
+    p = subparsers.add_parser("tune", help="auto-tune the kernels of a model into the cache",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="a .nf model or a .nfir module")
+    p.add_argument("--trials", type=int, default=None, metavar="N",
+                   help="candidates per kernel, cache hits included (default 64; with --time "
+                   "only: no limit)")
+    p.add_argument("--time", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock budget of the whole run, shared by the kernels' shares")
+    p.add_argument("--db", metavar="PATH", help="tuning cache file (default: $NFC_CACHE_DIR/"
+                   "tuning.sqlite or ~/.cache/nfc/tuning.sqlite)")
+    p.add_argument("--mode", choices=("full", "fast", "heuristic"), default="full",
+                   help="full: measure every candidate; fast: skip naive schedules; "
+                   "heuristic: measure nothing (default full)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="choose only schedules with bitwise-reproducible results")
+    p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
+                   help="a model parameter, or opt.<name> for the optimizer (repeatable)")
+    p.add_argument("--function", dest="functions", action="append", default=[],
+                   metavar="NAME", help="tune this function's kernels (repeatable; default "
+                   "train_step, else forward)")
+    p.add_argument("--top", type=int, default=None, metavar="N",
+                   help="tune only the N most expensive kernels")
+    p.add_argument("--min-share", type=float, default=0.0, metavar="PCT",
+                   help="skip kernels below PCT percent of the step (default 0)")
+    p.add_argument("--order", choices=("auto", "profile", "cost"), default="auto",
+                   help="rank kernels by a profiled step, by FLOP/byte counts, or profile "
+                   "else counts (default auto)")
+    p.add_argument("--population", type=int, default=16, help="candidates per generation")
+    p.add_argument("--patience", type=int, default=4,
+                   help="generations without improvement before a kernel stops (default 4)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SEC",
+                   help="seconds a candidate may run before it counts as hung (default 10)")
+    p.add_argument("--confirm", type=int, default=2, metavar="N",
+                   help="re-measure each kernel's winner against the default N times and set "
+                   "it aside if it loses (timing noise); 0 trusts the search (default 2)")
+    p.add_argument("--compare-step", action="store_true",
+                   help="afterwards, time the whole step with default and tuned schedules")
+    p.add_argument("--report", metavar="OUT.json", help="write the report as JSON")
+    p.add_argument("--plot", metavar="TUNE.png",
+                   help="plot best speedup so far against trials (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune, print the report; exit 130 when interrupted (the results so far are kept)."""
+    from nfc.runtime.build import SettingError
+    from nfc.runtime.tuning.cache import TuningCache
+    from nfc.runtime.tuning.driver import TuneOptions, build_model, tune_module
+    from nfc.runtime.tuning.measure import MeasureOptions
+    from nfc.runtime.tuning.model import CacheError, Mode
+    from nfc.runtime.tuning.report import PlotUnavailable, Progress, check_plotting, write_plot
+
+    src = Path(args.file)
+    if not src.exists():
+        raise UsageError(f"no such file: '{src}'")
+    for flag, value in (("--trials", args.trials), ("--population", args.population),
+                        ("--patience", args.patience), ("--top", args.top)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if args.confirm < 0:
+        raise UsageError("--confirm must be 0 or more")
+    if args.time is not None and args.time <= 0:
+        raise UsageError("--time must be positive")
+    if not 0 <= args.min_share < 100:
+        raise UsageError("--min-share is a percentage in [0, 100)")
+    if args.plot:
+        try:
+            check_plotting()  # before the long run, not after it
+        except PlotUnavailable as exc:
+            raise UsageError(str(exc)) from None
+    trials = args.trials if args.trials is not None else (None if args.time else 64)
+    options = TuneOptions(
+        trials=trials, time_budget=args.time, mode=Mode(args.mode),
+        reproducible=args.reproducible, seed=args.seed, population=args.population,
+        patience=args.patience, top=args.top, min_share=args.min_share / 100,
+        order=args.order, measure=MeasureOptions(timeout=args.timeout),
+        functions=tuple(args.functions), compare_step=args.compare_step,
+        confirm=args.confirm)
+    try:
+        module = build_model(src, args.settings)
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+    missing = [f for f in args.functions if not module.has_func(f)]
+    if missing:
+        have = ", ".join(f.name for f in module.funcs)
+        raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
+    try:
+        cache = TuningCache(args.db) if args.db else TuningCache()
+    except CacheError as exc:
+        raise UsageError(str(exc)) from None
+    with cache:
+        progress = Progress(0, trials, quiet=args.quiet)
+        report = tune_module(module, cache, options=options, progress=progress,
+                             source=str(src))
+    print(report.table())
+    if args.report:
+        report.write_json(args.report)
+        print(f"report: {args.report}", file=sys.stderr)
+    if args.plot:
+        write_plot(report, args.plot)
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 130 if report.interrupted else 0
+

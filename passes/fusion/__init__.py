@@ -1,0 +1,140 @@
+"""The `fuse` pass: reward-based, training-aware fusion of computes into `nf.kernel` groups.
+
+Modules: `cost` (the optimistic price of a group, mirroring the CPU backend's group rules),
+`partition` (the greedy search over merges and recomputations). Device parameters live in
+`nfc.passes.devparams`. See docs/passes-builtin.md, section "fuse".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Value, YieldOp
+from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
+from nfc.passes.fusion.cost import CostModel
+from nfc.passes.fusion.partition import Group, Options, Partitioner
+from nfc.passmanager import Context, ModulePass
+
+__all__ = ["FUSION_ATTR", "Fuse", "fuse_func"]
+
+#: Kernel attribute recording why a group was formed (see `Fuse`).
+FUSION_ATTR = "nf.fusion"
+
+
+@dataclass(frozen=True)
+class Fuse(ModulePass):
+    """Group computes into `nf.kernel`s where the optimistic fusion reward is positive.
+
+    Before:  %0 = nf.compute [n: 256, m: 256] sum [k: 784] (%x[n, k] * %w[k, m]) : ...
+             %1 = nf.compute [n: 256, m: 256] (%0[n, m] + %b[m]) : ...
+             %2 = nf.compute [n: 256, m: 256] (max(%1[n, m], 0.0)) : ...
+    After:   %2 = nf.kernel {nf.fusion = {reward_us = 40.6, ...}} {
+               %0 = nf.compute [n: 256, m: 256] sum [k: 784] (%x[n, k] * %w[k, m]) : ...
+               %1 = nf.compute [n: 256, m: 256] (%0[n, m] + %b[m]) : ...
+               %2_1 = nf.compute [n: 256, m: 256] (max(%1[n, m], 0.0)) : ...
+               nf.yield %2_1 : ...
+             } : ...
+
+    Every compute starts as its own kernel. A candidate step (merging two groups joined by
+    an edge or sharing a small input, or recomputing an elementwise value inside a consumer
+    group instead of reading it) is priced with `R = ΔT/P_d + ΔC/P_c + ΔK·L`: bytes of DRAM
+    traffic saved, FLOPs saved (negative for recomputation), kernel calls and parallel
+    regions saved, on the device described by the options. Steps with R <= 0 are rejected;
+    the best remaining one is taken greedily while the merged group stays convex (the
+    graph of kernels stays acyclic) and compilable by the CPU backend (see
+    nfc.passes.fusion.cost). Values read outside a group, by the backward pass for
+    instance, are yielded; a recomputed value carries `nf.recompute = true`.
+
+    Groups of one compute stay plain computes. Each kernel records its reward and savings
+    in `nf.fusion = {reward_us, bytes_saved, flops_saved, launches_saved, regions_saved,
+    recomputed, est_us}` (estimates, µs); existing kernels and calls are left alone, so
+    running the pass again changes nothing and a recorded grouping replays as it is.
+    """
+
+    name: ClassVar[str] = "fuse"
+
+    bandwidth_gbs: float = DEFAULT_DEVICE.bandwidth_gbs
+    """P_d: DRAM bandwidth of one core, GB/s (measure: python -m nfc.runtime.devparams)."""
+    peak_gflops: float = DEFAULT_DEVICE.peak_gflops
+    """P_c: sustained compute of one core in reductions (GEMM-like), GFLOP/s."""
+    elementwise_gflops: float = DEFAULT_DEVICE.elementwise_gflops
+    """Compute rate of elementwise code and of recomputed (inlined) producers, GFLOP/s."""
+    launch_us: float = DEFAULT_DEVICE.launch_us
+    """L: overhead of one kernel call, µs."""
+    region_us: float = DEFAULT_DEVICE.region_us
+    """Overhead of one parallel region (thread fork/join), µs."""
+    cache_kib: int = DEFAULT_DEVICE.cache_kib
+    """Intermediates up to this size stay in cache between the stages of a kernel."""
+    parallel_work: int = DEFAULT_DEVICE.parallel_work
+    """Iteration points from which a loop nest runs on threads (codegen's rule)."""
+    siblings: bool = True
+    """Also merge groups that only share an input (read once if it fits the cache)."""
+    recompute: bool = True
+    """Also consider recomputing elementwise values in their consumers' kernels."""
+    max_ops: int = 32
+    """Most computes in one kernel."""
+    max_nodes: int = 2000
+    """Largest expression a compute may have after its producers are inlined."""
+    functions: str = ""
+    """Comma-separated names of the functions to fuse; empty: all."""
+
+    def device(self) -> DeviceParams:
+        """The device parameters these options describe."""
+        return DeviceParams(self.bandwidth_gbs, self.peak_gflops, self.elementwise_gflops,
+                            self.launch_us, self.region_us, self.cache_kib, self.parallel_work)
+
+    def apply(self, ctx: Context, module: Module) -> None:
+        """Fuse every selected function of `module`."""
+        wanted = {n.strip() for n in self.functions.split(",") if n.strip()}
+        opts = Options(siblings=self.siblings, recompute=self.recompute, max_ops=self.max_ops)
+        for func in module.funcs:
+            if not wanted or func.name in wanted:
+                fuse_func(func, CostModel(self.device(), self.max_nodes), opts)
+
+
+def fuse_func(func: Func, model: CostModel, opts: Options | None = None) -> list[KernelOp]:
+    """Partition `func`'s top-level computes into kernels in place; returns the new kernels."""
+    if sum(isinstance(op, ComputeOp) for op in func.body.ops) < 2:
+        return []
+    part = Partitioner(func, model, opts or Options())
+    part.run()
+    ret = func.ret
+    new_ops = []
+    kernels: list[tuple[KernelOp, set[int]]] = []
+    mapping: dict[Value, Value] = {}
+    for g in part.ordered_groups():
+        if len(g.members) == 1:
+            new_ops.append(g.members[0])
+            continue
+        k = _kernel(part, g)
+        kernels.append((k, {id(r) for op in g.members for r in op.results}))
+        for v, r in zip(k.body.ops[-1].operands, k.results, strict=True):
+            mapping[v] = r
+        new_ops.append(k)
+    own = {id(k): ids for k, ids in kernels}
+    for op in new_ops:
+        mine = own.get(id(op))
+        op.replace_uses(mapping if mine is None else
+                        {v: r for v, r in mapping.items() if id(v) not in mine})
+    ret.replace_uses(mapping)
+    func.body.ops = [*new_ops, ret]
+    return [k for k, _ in kernels]
+
+
+def _kernel(part: Partitioner, g: Group) -> KernelOp:
+    outs = part.outputs_of(g.members)
+    values = [r for op in g.members for r in op.results if id(r) in outs]
+    cost = part.group_cost(g)
+    info = {
+        "reward_us": round(g.reward * 1e6, 3),
+        "bytes_saved": int(round(g.saved["bytes"])),
+        "flops_saved": int(round(g.saved["flops"])),
+        "launches_saved": int(round(g.saved["kernels"])),
+        "regions_saved": int(round(g.saved["regions"])),
+        "recomputed": g.recomputed,
+        "est_us": round(cost.seconds(part.model.dev) * 1e6, 3),
+    }
+    body = Block([*g.members, YieldOp(values, loc=g.members[-1].loc)])
+    return KernelOp(body, loc=g.members[-1].loc, attrs={FUSION_ATTR: info},
+                    names=[v.name for v in values])

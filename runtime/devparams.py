@@ -1,0 +1,68 @@
+"""The fusion reward's device parameters, measured once per machine and kept in the tuning
+cache.
+
+    python -m nfc.runtime.devparams            # measure (or reuse) and print `fuse{...}`
+    python -m nfc.runtime.devparams --refresh  # measure again
+
+`device_params()` looks the micro-benchmark timings of `nfc.codegen.devbench` up in the tuning
+cache under the CPU category (`cpu_category()`: device, features, cores, llvmlite and schedule
+versions), so a number measured on another machine is never used; missing ones are measured
+and stored. Each benchmark is one cache key (`nfc-devbench-1:<name>`) whose entry is its
+timing; `--refresh` measures again and replaces it (measure on an idle machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nfc.passes.devparams import DeviceParams
+
+
+def device_params(db: str | Path | None = None, *, refresh: bool = False,
+                  store: bool = True) -> DeviceParams:
+    """The device parameters of this machine: cached timings, else measured (and stored when
+    `store`). `refresh` measures again and replaces the cached timings."""
+    from nfc.codegen.devbench import BENCH_VERSION, BENCHMARKS, Timing, params_from
+    from nfc.runtime.tuning import TuningCache, cpu_category, default_cache_path
+
+    category = cpu_category(purpose="device-parameters")
+    path = Path(db) if db is not None else default_cache_path()
+    if not path.parent.exists() and store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    cache = TuningCache(path) if store or path.exists() else None
+    timings: dict[str, Timing] = {}
+    try:
+        for name, bench in BENCHMARKS.items():
+            key = f"{BENCH_VERSION}:{name}"
+            entry = None if cache is None or refresh else cache.best(category, key)
+            if entry is not None and entry.time is not None:
+                timings[name] = Timing(name, dict(entry.schedule), float(entry.time))
+                continue
+            t = bench()
+            if cache is not None and store:
+                cache.put(category, key, t.spec, t.seconds, desc=f"device benchmark {name}")
+            timings[name] = t
+    finally:
+        if cache is not None:
+            cache.close()
+    return params_from(timings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the measured parameters as a `fuse` pipeline entry."""
+    p = argparse.ArgumentParser(prog="python -m nfc.runtime.devparams",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", help="tuning cache file (default: nfc's)")
+    p.add_argument("--refresh", action="store_true", help="measure again")
+    p.add_argument("--no-store", action="store_true", help="do not write the cache")
+    args = p.parse_args(argv)
+    params = device_params(args.db, refresh=args.refresh, store=not args.no_store)
+    print(f"fuse{{{params.pipeline_options()}}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+# ruff: noqa: E501
+"""Compile-time machinery of the artifact builder: structural kernel keys, deduplicated kernels
+(checked against the interpreter), the persistent object cache (hit, miss, invalidation by
+target and version), the parallel compile workers, and the emitter's folded index arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from codegen_lib import check, compute, ld, matmul, tensor
+
+from nfc.codegen.artifact import build_artifact
+from nfc.codegen.artifact.kcache import ObjectCache, kernel_key, kernel_symbol, structural_text
+from nfc.codegen.cpu import host_target
+from nfc.codegen.schedule import Schedule
+from nfc.interp import run as interp_run
+from nfc.ir import Index
+from nfc.irparser import parse_module
+
+# Two identical layers (other names, other call sites) and a third of another shape: 6 kernel
+# calls, 4 distinct kernels.
+REPEATED = """
+nf.module @rep {
+  nf.func @step(%x: tensor<8x16xf32> {nf.role = "input"}, %w1: tensor<16x16xf32> {nf.role = "param"}, %w2: tensor<16x16xf32> {nf.role = "param"}, %w3: tensor<16x4xf32> {nf.role = "param"}) -> (tensor<8x4xf32>, tensor<8x16xf32>) attributes {nf.results = ["y", "h"]} {
+    %h1 = nf.compute [n: 8, m: 16] sum [k: 16] (%x[n, k] * %w1[k, m]) {nf.callsite = "a.nf:1:1"} : tensor<8x16xf32>
+    %a1 = nf.compute [n: 8, m: 16] (tanh(%h1[n, m])) {nf.callsite = "a.nf:1:1", nf.phase = "forward"} : tensor<8x16xf32>
+    %h2 = nf.compute [n: 8, m: 16] sum [k: 16] (%a1[n, k] * %w2[k, m]) {nf.callsite = "a.nf:2:1"} : tensor<8x16xf32>
+    %a2 = nf.compute [n: 8, m: 16] (tanh(%h2[n, m])) {nf.callsite = "a.nf:2:1"} : tensor<8x16xf32>
+    %h3 = nf.compute [n: 8, m: 4] sum [k: 16] (%a2[n, k] * %w3[k, m]) : tensor<8x4xf32>
+    %y = nf.compute [n: 8, m: 4] (tanh(%h3[n, m])) : tensor<8x4xf32>
+    nf.return %y, %a2 : tensor<8x4xf32>, tensor<8x16xf32>
+  }
+}
+"""
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty object cache for the test."""
+    monkeypatch.setenv("NFC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NFC_OBJECT_CACHE", raising=False)
+    return tmp_path / "cache" / "objects"
+
+
+def _ops(text: str = REPEATED):
+    module = parse_module(text)
+    return module, [op for op in module.funcs[0].body.ops[:-1]]
+
+
+def _run_library(path: str, module, rng_seed: int = 0) -> None:
+    """Load the library, run @step on random data, compare with the interpreter."""
+    from nfc.runtime.loader import load
+
+    func = module.funcs[0]
+    rng = np.random.default_rng(rng_seed)
+    feeds = {a.name: rng.standard_normal(a.shape).astype(np.float32) for a in func.args}
+    model = load(path)
+    for name, arr in feeds.items():
+        if name in model.tensors:
+            model.tensors[name][...] = arr
+    out = model.functions["step"](x=feeds["x"])
+    want = interp_run(func, dict(feeds), module=module)
+    for name, w in zip(["y", "h"], want, strict=True):
+        np.testing.assert_allclose(out[name], w, rtol=1e-5, atol=1e-6)
+
+
+def test_structural_key_ignores_names_and_labels_but_not_structure():
+    _, ops = _ops()
+    t = host_target()
+    h1, a1, h2, a2, h3, _ = ops
+    assert structural_text(h1) == structural_text(h2)  # names and call sites differ
+    assert kernel_key(a1, None, t) == kernel_key(a2, None, t)  # nf.phase is a label
+    assert kernel_key(h1, None, t) != kernel_key(h3, None, t)  # another shape
+    assert kernel_key(h1, None, t) != kernel_key(a1, None, t)
+    sched = Schedule(order=("n", "m", "k"))
+    assert kernel_key(h1, sched, t) != kernel_key(h1, None, t)
+    assert kernel_key(h1, sched, t) == kernel_key(h2, sched, t)
+    other = dataclasses.replace(t, features=t.features + ",-avx2")
+    assert kernel_key(h1, None, other) != kernel_key(h1, None, t)
+    assert kernel_key(h1, None, t, version="0.0.0-other") != kernel_key(h1, None, t)
+    assert kernel_symbol(kernel_key(h1, None, t)).startswith("nfc_k_")
+    # a different body (tanh vs exp) is a different kernel
+    x = tensor("x", (8, 16))
+    e = compute({"n": 8, "m": 16}, ld(x, "n", "m") * 2.0)
+    f = compute({"n": 8, "m": 16}, ld(x, "n", "m") * 3.0)
+    assert structural_text(e) != structural_text(f)
+
+
+def test_deduplicated_kernels_match_the_interpreter_and_the_cache_is_hit(cache_dir, tmp_path):
+    module, _ = _ops()
+    art = build_artifact(module, split=1)
+    calls = art.metadata["functions"]["step"]["kernels"]
+    assert len(calls) == 6 and len(art.kernels) == 4
+    assert calls[0]["symbol"] == calls[2]["symbol"] and calls[1]["symbol"] == calls[3]["symbol"]
+    lib = str(tmp_path / "a.so")
+    art.write_shared(lib)
+    assert art.stats["cache_misses"] == 4 and art.stats["cache_hits"] == 0
+    assert len(list(cache_dir.glob("*.o"))) == 4
+    _run_library(lib, module)
+
+    again = build_artifact(parse_module(REPEATED), split=1)
+    lib2 = str(tmp_path / "b.so")
+    again.write_shared(lib2)
+    assert again.stats["cache_hits"] == 4 and again.stats["cache_misses"] == 0
+    _run_library(lib2, module, rng_seed=1)
+
+
+def test_cache_is_invalidated_by_target_and_version(cache_dir, tmp_path, monkeypatch):
+    module, _ = _ops()
+    build_artifact(module, split=1).write_shared(str(tmp_path / "a.so"))
+    n = len(list(cache_dir.glob("*.o")))
+    # another nfc version: every kernel is compiled again (and stored beside the old ones)
+    import nfc.codegen.artifact.kcache as kc
+
+    monkeypatch.setattr(kc, "__version__", "9.9.9")
+    art = build_artifact(parse_module(REPEATED), split=1)
+    art.write_shared(str(tmp_path / "b.so"))
+    assert art.stats["cache_hits"] == 0 and art.stats["cache_misses"] == 4
+    assert len(list(cache_dir.glob("*.o"))) == 2 * n
+    # another target (feature string): misses too; the library still computes the same
+    monkeypatch.undo()
+    monkeypatch.setenv("NFC_CACHE_DIR", str(cache_dir.parent))
+    t = host_target()
+    other = dataclasses.replace(t, features=t.features + ",-prfchw")
+    art = build_artifact(parse_module(REPEATED), split=1, target=other)
+    lib = str(tmp_path / "c.so")
+    art.write_shared(lib)
+    assert art.stats["cache_hits"] == 0 and art.stats["cache_misses"] == 4
+    _run_library(lib, module)
+
+
+def test_object_cache_is_data_only_atomic_and_pruned(tmp_path):
+    cache = ObjectCache(tmp_path / "objs")
+    assert cache.get("k1") is None
+    cache.put("k1", b"not an object")  # refused: not ELF
+    assert cache.get("k1") is None
+    cache.put("k1", b"\x7fELF" + b"\0" * 1000)
+    cache.put("k2", b"\x7fELF" + b"\0" * 1000)
+    assert cache.get("k1") == tmp_path / "objs" / "k1.o"
+    assert not [p for p in (tmp_path / "objs").iterdir() if p.name.endswith(".tmp")]
+    (tmp_path / "objs" / "k3.o").write_bytes(b"garbage")  # a damaged entry is a miss
+    assert cache.get("k3") is None
+    import os
+    import time
+
+    old = time.time() - 100
+    os.utime(tmp_path / "objs" / "k2.o", (old, old))  # least recently used
+    assert cache.prune(max_bytes=1500) >= 1
+    assert cache.get("k2") is None and cache.get("k1") is not None
+
+
+def test_disabled_cache_and_damaged_object_recovery(cache_dir, tmp_path, monkeypatch):
+    module, _ = _ops()
+    monkeypatch.setenv("NFC_OBJECT_CACHE", "0")
+    art = build_artifact(module, split=1)
+    art.write_shared(str(tmp_path / "a.so"))
+    assert not cache_dir.exists() and art.stats["cache_misses"] == 4
+    monkeypatch.setenv("NFC_OBJECT_CACHE", "1")
+    build_artifact(parse_module(REPEATED), split=1).write_shared(str(tmp_path / "b.so"))
+    victim = sorted(cache_dir.glob("*.o"))[0]
+    victim.write_bytes(b"\x7fELF truncated")  # ELF magic, but not a valid object
+    art = build_artifact(parse_module(REPEATED), split=1)
+    lib = str(tmp_path / "c.so")
+    art.write_shared(lib)  # the linker refuses it: everything is recompiled
+    _run_library(lib, module)
+    assert victim.read_bytes()[:4] == b"\x7fELF" and victim.stat().st_size > 100
+
+
+def test_parallel_workers_build_the_same_objects(monkeypatch, cache_dir):
+    from nfc.codegen.artifact import parallel
+
+    module, _ = _ops()
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_COST", 0.0)
+    monkeypatch.setenv("NFC_OBJECT_CACHE", "0")
+    art = build_artifact(module, split=2)
+    ks = art.kernel_set
+    serial = ks.objects(1)
+    stats_before = dict(ks.stats)
+    par = ks.objects(2)
+    assert ks.stats.get("worker_jobs", 0) > stats_before.get("worker_jobs", 0)
+    assert serial == par  # byte for byte: the worker parses the IR text, same code
+
+    # a job the worker cannot parse is compiled here instead
+    job = parallel.KernelJob("nfc_k_bad", "this is not IR", None, 1.0)
+    stats: dict = {}
+    jobs = [dataclasses.replace(job, symbol=f"nfc_k_bad{n}") for n in range(4)]
+    out = parallel.compile_jobs(jobs, lambda j: b"local:" + j.symbol.encode(), host_target(), 2,
+                                stats)
+    assert out == {j.symbol: b"local:" + j.symbol.encode() for j in jobs}
+    assert len(stats["worker_errors"]) >= 1
+
+
+def test_folded_index_arithmetic_keeps_kernels_small_and_right():
+    from nfc.codegen.jit import emit_kernel, new_module
+
+    op = matmul(64, 10, 64)
+    module = new_module()
+    emit_kernel(module, "k", op)
+    lines = str(module).count("\n")
+    assert lines < 1500, lines  # was ~3,100 before the index arithmetic was folded
+    check(op)
+    # single-iteration loops, a reduction over a short axis (unrolled by the emitter), a
+    # tile remainder, and a guard that folds to a constant
+    x = tensor("x", (3, 10))
+    red = compute({"n": 3}, ld(x, "n", "c"), reduce="max", raxes={"c": 10})
+    check(red)
+    check(compute({"n": 3, "c": 10}, ld(x, "n", "c") + ld(x, "n", Index("c") * 0)))
+    check(matmul(1, 5, 3))
