@@ -29,7 +29,7 @@ def test_readme_example_compiles_and_runs():
     f = module.func("forward")
     rng = np.random.default_rng(0)
     inputs = {}
-    for a, attrs in zip(f.args, f.arg_attrs, strict=True):
+    for a in f.args:
         if a.dtype.is_float:
             inputs[a.name] = rng.standard_normal(a.shape).astype(a.dtype.numpy)
         else:
