@@ -133,12 +133,32 @@ def _cache_dir() -> Path:
     return Path(base) / "artifacts"
 
 
+_FINGERPRINT: list[str] = []
+
+
+def _builder_fingerprint() -> str:
+    """A hash of the code generator's sources, so a library built by an older code generator
+    (same version number, different code) is never reused from the cache."""
+    if not _FINGERPRINT:
+        import nfc.codegen
+
+        h = hashlib.sha256()
+        roots = [Path(nfc.codegen.__file__).resolve().parent,
+                 Path(__file__).resolve().parent.parent / "passes"]
+        for root in roots:
+            for f in sorted(root.rglob("*.py")):
+                h.update(f.read_bytes())
+        _FINGERPRINT.append(h.hexdigest())
+    return _FINGERPRINT[0]
+
+
 def module_key(module: Module, *, profile: bool, target_key: str) -> str:
     """A hash naming the library built from `module` with these options."""
     from nfc.printer import print_module
 
     h = hashlib.sha256()
-    for part in (__version__, target_key, str(profile), print_module(module, locs=True)):
+    for part in (__version__, _builder_fingerprint(), target_key, str(profile),
+                 print_module(module, locs=True)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
