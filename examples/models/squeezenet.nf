@@ -47,7 +47,7 @@ model squeezenet(batch = 16, image = 32, squeeze = 16, classes = 10) {
   param  f5_k3: f32[8 * squeeze, 2 * squeeze, 3, 3] = he_normal
   param  f5_b3: f32[8 * squeeze] = zeros
   # classifier: 1x1 conv to the classes
-  param  k10: f32[classes, 16 * squeeze, 1, 1] = normal(0.0, 0.01)
+  param  k10: f32[classes, 16 * squeeze, 1, 1] = he_normal  # torchvision's normal(0, 0.01) stalls
   param  b10: f32[classes] = zeros
   h = relu_4d(bias_add_nchw(conv2d<stride = 2>(x, k0), b0))
   h = max_pool2d<size = 3, stride = 2>(h)

@@ -4,12 +4,14 @@
     nfc train model.so --data synthetic --epochs 2 --metrics m.jsonl --plot loss.png
     nfc train model.nf --data digits --checkpoint ckpt/ --every 50      # later: --resume
     nfc train model.nf --data mnist1d --profile --trace trace.json --threads 2
+    nfc train examples/models/lstm_lm.nf --max-steps 200    # --data auto: text, next chars
 
 Data sets: digits (scikit-learn), mnist1d (pip install mnist1d), text (Python's docs),
 synthetic; `auto` (the default) picks the one that fits the model's inputs: digits for float
 features (flat, images, sequences of rows; resized, channels replicated), text for token ids
 (next character, or next characters at every position for language models). Batches are
-shuffled every epoch with --seed; the last partial batch is dropped.
+shuffled every epoch with --seed; the last partial batch is dropped. Idle OpenMP threads
+sleep (OMP_WAIT_POLICY=passive) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.
 Parameters start from the model's initializers with --seed (or from the last checkpoint with
 --resume, which continues bit-exactly). --compare-torch also times the same step in PyTorch
 eager (MLP models: linear layers with ReLU and softmax cross-entropy) and shows the ratio.

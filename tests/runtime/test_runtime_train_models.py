@@ -41,12 +41,13 @@ def test_models_train_with_falling_loss(tmp_path):
         "lenet5": _start(tmp_path, "lenet5", str(EX / "lenet5.nf"), "--set", "batch=8"),
         # characters of Python's docs, targets = ids shifted by one
         "lstm_lm": _start(tmp_path, "lstm_lm", str(EX / "models" / "lstm_lm.nf"),
-                          "--set", "batch=8", "--set", "steps=8", "--set", "vocab=32",
+                          "--set", "batch=16", "--set", "steps=8", "--set", "vocab=32",
                           "--set", "embed=16", "--set", "hidden=32"),
-        # digits as 4 rows of 64 features, one row per step
+        # digits as 4 rows of 64 features, one row per step; Adam (as benchmarks/train_all.py)
+        # because the multiplicative cell's gates barely depend on x at first under SGD
         "mi_lstm": _start(tmp_path, "mi_lstm", str(EX / "models" / "mi_lstm.nf"),
                           "--set", "batch=16", "--set", "steps=4", "--set", "inputs=64",
-                          "--set", "hidden=32"),
+                          "--set", "hidden=32", "--set", "opt.name=adam", "--lr", "0.01"),
     }
     want_data = {"mlp_digits": "digits (8x8 as is)",
                  "lenet5": "digits (8x8 -> 28x28 bilinear)",
@@ -59,9 +60,9 @@ def test_models_train_with_falling_loss(tmp_path):
         losses = _losses(metrics)
         assert len(losses) == STEPS
         first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
-        # the recurrent models fall more slowly in 40 steps than the classifiers
-        ratio = 0.98 if name in ("lstm_lm", "mi_lstm") else 0.9
-        assert last < ratio * first, (name, first, last)
+        # cross-entropy in nats: a tenth of a nat is learning, not noise (runs are
+        # deterministic: one thread, seed 0); the classifiers fall by more than one
+        assert first - last > (0.1 if name == "lstm_lm" else 0.3), (name, first, last)
 
 
 def test_impossible_fit_is_a_message_not_a_traceback():
