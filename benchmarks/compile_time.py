@@ -10,8 +10,9 @@ pipeline, the fuse pass when this nfc has one unless `--no-fuse`, the artifact w
 empty cache directory (`NFC_CACHE_DIR`), so earlier models never help later ones. Reported per
 model:
 
-- `kernels`: kernel calls over all entry functions; `distinct`: kernels compiled (after the
-  builder's deduplication); `hits`: kernels taken from the persistent object cache;
+- `kernels`: kernel calls over all entry functions; `distinct`: kernels compiled into objects
+  (after the builder's deduplication; fused groups are compiled stage by stage, so this counts
+  their distinct stages);
 - `ir_lines`: lines of LLVM IR handed to LLVM (unoptimised);
 - CPU seconds of each phase, measured in the compiling process with `--jobs 1` (compile
   workers would hide LLVM time in other processes): `frontend`, `autodiff` (training and

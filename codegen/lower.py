@@ -445,21 +445,13 @@ def inline_producer(producer: ComputeOp, consumer: ComputeOp) -> ComputeOp:
     return new
 
 
-def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
-          schedule: Schedule | GroupSchedule | None = None, *, name: str = "kernel",
-          default: object = None) -> LoopFunc:
-    """The loop-IR kernel of a compute or a group. Parameters: the outputs (named `out`,
-    `out1`, ...), then the inputs in `group_of(op)` order. `default(op) -> Schedule` supplies
-    stage schedules left unset (nfc.codegen.space.default_schedule when None)."""
-    from nfc.codegen.space import default_schedule
-
-    pick = default or default_schedule
-    ops, outputs, inputs = group_of(op)
-    used: set[str] = set()
-    params = [Buffer(_unique_name("out" if n == 0 else f"out{n}", used, "out"), v.shape,
-                     v.dtype) for n, v in enumerate(outputs)]
-    params += [Buffer(_unique_name(v.name, used, "in"), v.shape, v.dtype) for v in inputs]
-    bufs = {id(v): b for v, b in zip([*outputs, *inputs], params, strict=True)}
+def group_stages(op: ComputeOp | KernelOp | Sequence[ComputeOp],
+                 schedule: Schedule | GroupSchedule | None = None
+                 ) -> list[tuple[ComputeOp, Schedule | None]]:
+    """The stages of a compute or a group in order: each a compute with the producers the
+    schedule inlines substituted into it, and its schedule (None: the default). Raises
+    ScheduleError when a producer cannot be inlined."""
+    ops, outputs, _ = group_of(op)
     if isinstance(schedule, Schedule):
         if len(ops) != 1:
             raise ScheduleError("a group needs a GroupSchedule")
@@ -479,15 +471,32 @@ def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
             if any(v is prod.result for v in work[m].operands):
                 work[m] = inline_producer(prod, work[m])
     stages = [o for n, o in enumerate(work) if n not in inl]
+    return [(st, gs.stages[n] if n < len(gs.stages) else None) for n, st in enumerate(stages)]
+
+
+def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
+          schedule: Schedule | GroupSchedule | None = None, *, name: str = "kernel",
+          default: object = None) -> LoopFunc:
+    """The loop-IR kernel of a compute or a group. Parameters: the outputs (named `out`,
+    `out1`, ...), then the inputs in `group_of(op)` order. `default(op) -> Schedule` supplies
+    stage schedules left unset (nfc.codegen.space.default_schedule when None)."""
+    from nfc.codegen.space import default_schedule
+
+    pick = default or default_schedule
+    _, outputs, inputs = group_of(op)
+    used: set[str] = set()
+    params = [Buffer(_unique_name("out" if n == 0 else f"out{n}", used, "out"), v.shape,
+                     v.dtype) for n, v in enumerate(outputs)]
+    params += [Buffer(_unique_name(v.name, used, "in"), v.shape, v.dtype) for v in inputs]
+    bufs = {id(v): b for v, b in zip([*outputs, *inputs], params, strict=True)}
     temps: list[Buffer] = []
     stmts: list[Stmt] = []
-    for n, st in enumerate(stages):
+    for st, s in group_stages(op, schedule):
         if id(st.result) not in bufs:
             tb = Buffer(_unique_name(st.result.name or "tmp", used, "tmp"), st.result.shape,
                         st.result.dtype, Scope.GLOBAL)
             temps.append(tb)
             bufs[id(st.result)] = tb
-        s = gs.stages[n] if n < len(gs.stages) and gs.stages[n] is not None else None
         sched = s if s is not None else pick(st)  # type: ignore[operator]
         stmts.append(lower_stage(st, sched, bufs[id(st.result)], bufs, list(st.operands), used))
     body: Stmt = stmts[0] if len(stmts) == 1 else Seq(tuple(stmts))

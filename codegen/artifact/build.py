@@ -71,7 +71,9 @@ class Artifact:
     metadata: dict[str, Any]
     plans: dict[str, FuncPlan]
     kernels: dict[str, KernelInfo]
-    """The distinct kernels by symbol (each compiled once, called with different buffers)."""
+    """The distinct kernels the entries call, by symbol (each compiled once and called with
+    different buffers; a multi-stage group is a composite of stage kernels, see
+    nfc.codegen.artifact.kernels)."""
     target: CpuTarget
     kernel_set: KernelSet
     jobs: int | None = None
@@ -291,8 +293,8 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
     }
     meta.update(extra_metadata or {})
     _emit_info(llmod, meta)
-    kernels = {sym: e.info for sym, e in kset.entries.items()}
-    return Artifact(llmod, meta, plans, kernels, target, kset, split)
+    kset.define_composites(llmod)  # groups compiled stage by stage: glue in this module
+    return Artifact(llmod, meta, plans, dict(kset.called), target, kset, split)
 
 
 def _json_attrs(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -52,7 +52,8 @@ KEY_VERSION = "nfc-kernel-key-1"
 CODEGEN_MODULES = (
     "nfc.ir", "nfc.affine", "nfc.codegen.cpu", "nfc.codegen.jit", "nfc.codegen.loops",
     "nfc.codegen.lower", "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
-    "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.intrinsics",
+    "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
+    "nfc.codegen.llvm.intrinsics",
     "nfc.codegen.artifact.kcache", "nfc.codegen.artifact.parallel",
 )
 _ELF_MAGIC = b"\x7fELF"

@@ -5,7 +5,8 @@ using several cores takes several processes (TOOLCHAIN.md). Each kernel is compi
 (one LLVM module, one object: what the object cache stores). `compile_jobs` starts `workers`
 plain `python -c` subprocesses (not multiprocessing, which would re-import the caller's
 `__main__`), gives them the biggest kernels first, at most `DEPTH` at a time each, and compiles
-the smallest ones itself meanwhile, so neither side waits while work is left.
+the smallest ones itself meanwhile, so neither side waits while work is left; at the end it
+takes back a job still queued behind another in a worker rather than wait for it.
 
 A job is data: the kernel's IR text (`nfc.codegen.tuning.kernel_spec`), its schedule as a dict
 and the symbol to define. A worker parses, lowers, emits, optimises and writes
@@ -122,6 +123,7 @@ def worker() -> None:
             reply.update(ok=path, times=times)
         except Exception as exc:  # noqa: BLE001 - reported; the parent compiles it itself
             reply["error"] = f"{type(exc).__name__}: {exc}"
+        reply["cpu"] = time.process_time()  # this process so far, start-up included
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
 
@@ -135,6 +137,7 @@ class _Worker:
         self.pending: dict[str, KernelJob] = {}
         self.buf = b""
         self.alive = True
+        self.cpu = 0.0
 
     def send(self, job: KernelJob) -> bool:
         line = json.dumps({"symbol": job.symbol, "spec": job.spec, "schedule": job.schedule})
@@ -163,6 +166,10 @@ class _Worker:
         return [json.loads(x) for x in lines if x.strip()]
 
     def close(self) -> None:
+        """End the worker: at end of input when it is idle, killed when it still works on
+        a job that was taken back (its result is not needed)."""
+        if self.pending:
+            self.proc.kill()
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -189,9 +196,11 @@ def compile_jobs(jobs: Sequence[KernelJob], local: Callable[[KernelJob], bytes],
     if nworkers == 0:
         for fn in before:
             fn()
+        t0 = time.process_time()
         for job in order:
             out[job.symbol] = local(job)
         stats["local_jobs"] = stats.get("local_jobs", 0) + len(order)
+        stats["local_cpu"] = stats.get("local_cpu", 0.0) + time.process_time() - t0
         return out
     with tempfile.TemporaryDirectory(prefix="nfc-objs-") as tmp:
         workers = [_Worker(target, tmp) for _ in range(nworkers)]
@@ -218,6 +227,12 @@ def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: l
     queue = list(order)
     head = 0  # queue[head:] is left; workers take at head, we take at the end
 
+    def here(job: KernelJob) -> None:
+        t0 = time.process_time()
+        out[job.symbol] = local(job)
+        stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+        stats["local_cpu"] = stats.get("local_cpu", 0.0) + time.process_time() - t0
+
     def collect(timeout: float | None) -> None:
         live = [w for w in workers if w.alive and w.pending]
         if not live:
@@ -226,6 +241,9 @@ def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: l
         for w in ready:
             for reply in w.read_replies():
                 job = w.pending.pop(reply["symbol"])
+                w.cpu = max(w.cpu, float(reply.get("cpu", 0.0)))
+                if job.symbol in out:  # we took it back meanwhile
+                    continue
                 if "ok" in reply:
                     with open(reply["ok"], "rb") as f:
                         out[job.symbol] = f.read()
@@ -233,15 +251,17 @@ def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: l
                     stats["worker_jobs"] = stats.get("worker_jobs", 0) + 1
                 else:  # compile it here: a real error then surfaces with its type
                     stats.setdefault("worker_errors", []).append(reply.get("error"))
-                    out[job.symbol] = local(job)
-                    stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+                    here(job)
             if not w.alive:  # died: its jobs come back to us
                 for job in w.pending.values():
-                    out[job.symbol] = local(job)
-                    stats["local_jobs"] = stats.get("local_jobs", 0) + 1
+                    if job.symbol not in out:
+                        here(job)
                 w.pending.clear()
 
-    while head < len(queue) or any(w.pending for w in workers):
+    def undone(w: _Worker) -> list[KernelJob]:
+        return [j for j in w.pending.values() if j.symbol not in out]
+
+    while head < len(queue) or any(undone(w) for w in workers):
         for w in workers:
             while w.alive and len(w.pending) < DEPTH and head < len(queue):
                 if not w.send(queue[head]):
@@ -249,13 +269,18 @@ def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: l
                 head += 1
         collect(0.0)
         if head < len(queue):
-            job = queue.pop()
-            out[job.symbol] = local(job)
-            stats["local_jobs"] = stats.get("local_jobs", 0) + 1
-        elif any(w.pending and w.alive for w in workers):
+            here(queue.pop())
+            continue
+        # nothing left to hand out: take back a job still waiting behind another in a
+        # worker's pipe rather than idle (the worker's answer for it is then ignored)
+        waiting = [undone(w)[-1] for w in workers if w.alive and len(undone(w)) >= 2]
+        if waiting:
+            here(waiting[0])
+        elif any(undone(w) and w.alive for w in workers):
             collect(None)  # block until a worker answers
         else:
             for w in workers:  # dead workers with jobs: handled by collect, but be safe
-                for job in w.pending.values():
-                    out[job.symbol] = local(job)
+                for job in undone(w):
+                    here(job)
                 w.pending.clear()
+    stats["worker_cpu"] = stats.get("worker_cpu", 0.0) + sum(w.cpu for w in workers)

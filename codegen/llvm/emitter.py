@@ -18,7 +18,8 @@ from llvmlite import ir
 from nfc.affine import interval
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.llvm import intrinsics as M
-from nfc.codegen.llvm.exprs import ExprEmitter, const_ints, infer, lltype, memtype
+from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype
+from nfc.codegen.llvm.fold import const_ints
 from nfc.codegen.loops import (
     Allocate,
     Barrier,
@@ -31,17 +32,16 @@ from nfc.codegen.loops import (
     Seq,
     Stmt,
     Store,
-    stmt_cost,
 )
-from nfc.ir import Binary, DType, Expr
+from nfc.ir import Binary, Call, DType, Expr
 
 PTR = ir.PointerType()
 VOID = ir.VoidType()
 #: LOCAL buffers up to this size live on the stack; bigger ones are heap-allocated.
 STACK_BYTES = 64 * 1024
-#: Innermost serial loops of at most this many iterations and this estimated size in all
-#: (`stmt_cost`) are unrolled by the emitter (`_auto_unroll`).
-AUTO_UNROLL_TRIPS, AUTO_UNROLL_COST = 32, 640
+#: Innermost serial loops of at most this many iterations, this body size (stores times their
+#: value's nodes) and this size in all are unrolled by the emitter (`_auto_unroll`).
+AUTO_UNROLL_TRIPS, AUTO_UNROLL_BODY, AUTO_UNROLL_COST = 32, 16, 256
 _counter = itertools.count()
 
 
@@ -442,15 +442,53 @@ class FuncEmitter(ExprEmitter):
 
 def _auto_unroll(s: For, c: int | None) -> bool:
     """Whether to unroll a short innermost serial loop although the schedule did not ask:
-    its trip count and body are small (a tile remainder, a reduction over 10 classes). Its
-    masks and index arithmetic then fold to constants; LLVM's own unroller, which would do
-    the same, is off (jit.PIPELINE) because elsewhere it costs compile time for nothing."""
+    few iterations of a small body that gains from it (a guarded tile remainder, a column sum
+    into an accumulator row, a reduction over 10 classes): its masks and index arithmetic
+    fold to constants, its accumulators stay in registers. Plain elementwise loops stay.
+    LLVM's own unroller, which did this, is off (jit.PIPELINE): it also unrolled the
+    reduction loops around register tiles, which cost compile time and (measured) made a
+    tiled kernel twice as slow. Index expressions do not count towards the size: they fold
+    to a constant offset once unrolled."""
     if s.kind is not LoopKind.SERIAL or c is None or not 2 <= c <= AUTO_UNROLL_TRIPS:
         return False
-    if any(isinstance(x, For) and x.kind in (LoopKind.SERIAL, LoopKind.PARALLEL)
-           and x.const_extent != 1 for x in s.body.walk()):
-        return False
-    return c * stmt_cost(s.body) <= AUTO_UNROLL_COST
+    size = 0
+    gains = False  # guards that fold, or accumulators that stay in registers
+    for x in s.body.walk():
+        if isinstance(x, For) and x.const_extent != 1 and x.kind in (LoopKind.SERIAL,
+                                                                      LoopKind.PARALLEL):
+            return False
+        if isinstance(x, If):
+            gains = True
+        if isinstance(x, Store):
+            size += (1 + _value_size(x.value)) * _lanes_of(s.body, x)
+            gains = gains or x.reduce is not None or x.buffer.scope is not Scope.GLOBAL
+    return gains and size <= AUTO_UNROLL_BODY and c * size <= AUTO_UNROLL_COST
+
+
+def _value_size(e: Expr) -> int:
+    """Operations of a stored value (a load counts once, its indices not at all; a
+    transcendental function about 20: it becomes a polynomial)."""
+    from nfc.codegen.loops import BufLoad
+
+    if isinstance(e, BufLoad):
+        return 1
+    own = 20 if isinstance(e, Call) and e.fn not in ("max", "min", "abs") else 1
+    return own + sum(_value_size(c) for c in e.children())
+
+
+def _lanes_of(body: Stmt, store: Store) -> int:
+    """How many times `store` runs per iteration of `body` (unrolled loops around it)."""
+    def walk(st: Stmt, reps: int) -> int | None:
+        if st is store:
+            return reps
+        inner = reps * (st.const_extent or 1) if isinstance(st, For) and (
+            st.kind is LoopKind.UNROLLED) else reps
+        for ch in st.children():
+            r = walk(ch, inner)
+            if r is not None:
+                return r
+        return None
+    return walk(body, 1) or 1
 
 
 def _elem_bytes(t: ir.Type) -> int:

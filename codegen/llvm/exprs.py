@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from nfc.affine import Affine, interval, to_affine
 from nfc.codegen.llvm import intrinsics as M
+from nfc.codegen.llvm.fold import const_ints, fold_int, int_constant
 from nfc.codegen.loops import Buffer, BufLoad, Clamp
 from nfc.ir import COMPARISONS, Binary, Call, Cast, Const, DType, Expr, Index, Select, Unary
 
@@ -121,94 +122,6 @@ def _common(args: list[Expr], ctx: DType | None, memo: TypeMemo | None = None) -
     for t in strong[1:]:
         out = unify(out, t)
     return out
-
-
-def const_ints(v: ir.Value) -> list[int] | None:
-    """The lane values of an integer (or i1) constant, scalar or vector; None when `v` is not
-    a fully known integer constant."""
-    if not isinstance(v, ir.Constant) or not isinstance(M.elem(v.type), ir.IntType):
-        return None
-    c = v.constant
-    items = c if isinstance(c, list | tuple) else [c]
-    out = []
-    for x in items:
-        x = x.constant if isinstance(x, ir.Constant) else x
-        if not isinstance(x, int):  # undef, or an expression
-            return None
-        out.append(int(x))
-    return out
-
-
-def int_constant(t: ir.Type, values: list[int]) -> ir.Constant | None:
-    """A constant of the integer (vector) type `t` from lane values; None when a value does
-    not fit (then the instruction is emitted and LLVM wraps as usual)."""
-    e = M.elem(t)
-    assert isinstance(e, ir.IntType)
-    if e.width == 1:
-        vals: list[int | bool] = [bool(x & 1) for x in values]
-    else:
-        lo, hi = -(1 << (e.width - 1)), (1 << (e.width - 1)) - 1
-        if any(x < lo or x > hi for x in values):
-            return None
-        vals = list(values)
-    n = M.lanes(t)
-    if n is None:
-        return ir.Constant(t, vals[0])
-    if len(vals) == 1:
-        vals = vals * n
-    return ir.Constant(t, [ir.Constant(e, x) for x in vals])
-
-
-_INT_OPS: dict[str, Callable[[int, int], int | bool]] = {
-    "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
-    "//": lambda x, y: x // y, "%": lambda x, y: x % y,  # floor semantics, like the IR
-    "<": lambda x, y: x < y, "<=": lambda x, y: x <= y, ">": lambda x, y: x > y,
-    ">=": lambda x, y: x >= y, "==": lambda x, y: x == y, "!=": lambda x, y: x != y,
-    "and": lambda x, y: bool(x and y), "or": lambda x, y: bool(x or y),
-}
-
-
-def fold_int(op: str, x: ir.Value, y: ir.Value, rtype: ir.Type) -> ir.Value | None:
-    """`x op y` of integer (or i1) values, without an instruction when the result is known:
-    both constant, or an identity (`+ 0`, `* 1`, `* 0`, `and true`, ...). Index arithmetic of
-    unrolled loops and single-iteration loops is all constants; emitting it would triple the
-    LLVM IR handed to the optimiser."""
-    if op not in _INT_OPS:
-        return None
-    cx, cy = const_ints(x), const_ints(y)
-    if cx is None and cy is None:
-        return None
-    if cx is not None and cy is not None:
-        if op in ("//", "%") and 0 in cy:
-            return None
-        n = max(len(cx), len(cy))
-        cx, cy = cx * (n // len(cx)), cy * (n // len(cy))
-        return int_constant(rtype, [int(_INT_OPS[op](a, b)) for a, b in zip(cx, cy, strict=True)])
-    same = x.type == y.type == rtype
-
-    def uniform(c: list[int] | None, k: int) -> bool:
-        return c is not None and all(v == k for v in c)
-    if not same:
-        return None
-    if op == "+":
-        return y if uniform(cx, 0) else x if uniform(cy, 0) else None
-    if op == "-":
-        return x if uniform(cy, 0) else None
-    if op == "*":
-        if uniform(cx, 1):
-            return y
-        if uniform(cy, 1):
-            return x
-        return x if uniform(cx, 0) else y if uniform(cy, 0) else None
-    if op == "and":
-        return y if uniform(cx, 1) else x if uniform(cy, 1) else (
-            x if uniform(cx, 0) else y if uniform(cy, 0) else None)
-    if op == "or":
-        return y if uniform(cx, 0) else x if uniform(cy, 0) else (
-            x if uniform(cx, 1) else y if uniform(cy, 1) else None)
-    if op in ("//", "%") and uniform(cy, 1):
-        return x if op == "//" else int_constant(rtype, [0])
-    return None
 
 
 class ExprEmitter:

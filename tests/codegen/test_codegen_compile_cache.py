@@ -1,7 +1,8 @@
 # ruff: noqa: E501
 """Compile-time machinery of the artifact builder: structural kernel keys, deduplicated kernels
-(checked against the interpreter), the persistent object cache (hit, miss, invalidation by
-target and version), the parallel compile workers, and the emitter's folded index arithmetic."""
+and groups compiled stage by stage (checked against the interpreter), the persistent object
+cache (hit, miss, invalidation by target and version, damaged entries), the parallel compile
+workers, and the emitter's folded index arithmetic."""
 
 from __future__ import annotations
 
@@ -208,3 +209,74 @@ def test_folded_index_arithmetic_keeps_kernels_small_and_right():
     check(red)
     check(compute({"n": 3, "c": 10}, ld(x, "n", "c") + ld(x, "n", Index("c") * 0)))
     check(matmul(1, 5, 3))
+
+
+def test_fold_int_matches_the_ir_semantics():
+    from llvmlite import ir
+
+    from nfc.codegen.llvm.fold import const_ints, fold_int
+
+    i64, i1 = ir.IntType(64), ir.IntType(1)
+    c = lambda v: ir.Constant(i64, v)  # noqa: E731
+    for op, a, b, want in [("+", 3, 4, 7), ("-", 3, 4, -1), ("*", -3, 4, -12),
+                           ("//", -7, 2, -4), ("%", -7, 2, 1), ("//", 7, -2, -4)]:
+        assert const_ints(fold_int(op, c(a), c(b), i64)) == [want], (op, a, b)
+    assert const_ints(fold_int("<", c(2), c(3), i1)) == [1]
+    assert fold_int("//", c(1), c(0), i64) is None  # left to the instruction
+    vt = ir.VectorType(i64, 4)
+    lanes = ir.Constant(vt, [ir.Constant(i64, k) for k in range(4)])
+    assert const_ints(fold_int("<", lanes, ir.Constant(vt, [ir.Constant(i64, 2)] * 4),
+                               ir.VectorType(i1, 4))) == [1, 1, 0, 0]
+    fn = ir.Function(ir.Module(), ir.FunctionType(ir.VoidType(), [i64]), "f")
+    x = fn.args[0]
+    assert fold_int("+", x, c(0), i64) is x and fold_int("*", c(1), x, i64) is x
+    assert const_ints(fold_int("*", x, c(0), i64)) == [0]
+    assert fold_int("+", x, c(1), i64) is None  # needs an instruction
+    t, f = ir.Constant(i1, True), ir.Constant(i1, False)
+    assert fold_int("<", t, f, i1) is None  # signed i1: not folded
+
+
+# Two fused groups sharing stages: the first has two structurally identical row sums (of %x
+# and of %y) and a product; the second a row sum of %x again and a product.
+GROUPS = """
+nf.module @groups {
+  nf.func @step(%x: tensor<8x16xf32> {nf.role = "input"}, %y: tensor<8x16xf32> {nf.role = "input"}) -> (tensor<8xf32>, tensor<8xf32>) attributes {nf.results = ["z", "w"]} {
+    %z = nf.kernel {nf.fusion = {est_us = 1.0}} {
+      %s1 = nf.compute [n: 8] sum [k: 16] (%x[n, k]) : tensor<8xf32>
+      %s2 = nf.compute [n: 8] sum [k: 16] (%y[n, k]) : tensor<8xf32>
+      %z1 = nf.compute [n: 8] (%s1[n] * %s2[n]) : tensor<8xf32>
+      nf.yield %z1 : tensor<8xf32>
+    } : tensor<8xf32>
+    %w = nf.kernel {nf.fusion = {est_us = 2.0}} {
+      %e = nf.compute [n: 8, k: 16] (%y[n, k] * 0.5) : tensor<8x16xf32>
+      %s3 = nf.compute [n: 8] sum [k: 16] (%x[n, k]) : tensor<8xf32>
+      %w1 = nf.compute [n: 8] (%s3[n] * %z[n]) : tensor<8xf32>
+      %s4 = nf.compute [n: 8] sum [k: 16] (%e[n, k] * %w1[n]) : tensor<8xf32>
+      nf.yield %s4 : tensor<8xf32>
+    } : tensor<8xf32>
+    nf.return %z, %w : tensor<8xf32>, tensor<8xf32>
+  }
+}
+"""
+
+
+def test_groups_compile_stage_by_stage_and_share_stages(cache_dir, tmp_path):
+    from nfc.runtime.loader import load
+
+    module = parse_module(GROUPS)
+    art = build_artifact(module, split=1)
+    ks = art.kernel_set
+    assert len(ks.composites) == 2 and len(art.kernels) == 2
+    first, second = ks.composites.values()
+    assert [c[0] for c in first.calls][0] == [c[0] for c in first.calls][1]  # the two row sums
+    assert first.calls[0][0] == second.calls[0][0]  # ... and the first stage of the second
+    # distinct stage kernels: row sum, product, scaled-and-weighted sum (%e is inlined)
+    assert len(ks.entries) == 3
+    lib = str(tmp_path / "g.so")
+    art.write_shared(lib)
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((8, 16)).astype(np.float32) for n in ("x", "y")}
+    out = load(lib).functions["step"](**feeds)
+    want = interp_run(module.funcs[0], dict(feeds), module=module)
+    np.testing.assert_allclose(out["z"], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["w"], want[1], rtol=1e-5, atol=1e-5)

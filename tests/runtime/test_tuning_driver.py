@@ -237,7 +237,9 @@ def test_time_budget_bounds_the_run(tiny: Path, tmp_path: Path) -> None:
         rep = tune_module(module, cache, options=TuneOptions(
             trials=None, time_budget=0.5, top=1, order="cost", population=4))
     first = rep.kernels[0]
-    assert first.status == "tuned" and first.stop == "time" and first.trials == 1
+    # the budget ends the search after the trial that crosses it (how many trials fit in 0.5 s
+    # depends on the machine: one or two here); without it, trials=None searches on
+    assert first.status == "tuned" and first.stop == "time" and 1 <= first.trials <= 4
     assert all(k.status == "skipped" for k in rep.kernels[1:])
 
 
