@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         quick=quick, settings=params, seed=args.seed, profile=args.profile,
         timeout=args.timeout if args.timeout is not None else (300.0 if quick else 900.0),
         budget=budget * 60 if budget is not None and budget > 0 else None,
-        defer=budget is not None, work_dir=args.keep)
+        defer=bool(budget), work_dir=args.keep)
     n_cases = len(opts.models) * len(opts.threads) * len(opts.frameworks)
     est = estimate_seconds(opts)
     print(f"nfc bench: {len(opts.models)} model(s), {n_cases} cases "

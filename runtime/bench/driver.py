@@ -128,14 +128,15 @@ class Runner:
         env.setdefault("PYTHONHASHSEED", "0")
         return env
 
-    def _process(self, cmd: Sequence[str], threads: int) -> dict[str, Any]:
+    def _process(self, cmd: Sequence[str], threads: int,
+                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Run `cmd` in a new session; its last JSON line, or an error record. `process_cpu_s`
         is the CPU time the process and its children used (on a busy machine, a better guide
         than the wall time to what the case would take alone)."""
         t0 = time.monotonic()
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self._env(threads), cwd=str(ROOT),
+                                text=True, env={**self._env(threads), **(env or {})}, cwd=str(ROOT),
                                 start_new_session=True)
         try:
             limit = self._timeout()
@@ -191,8 +192,10 @@ class Runner:
                 "use_cache": self.opts.quick, "profile": self.opts.profile}
         self.log(f"[{_mmss(time.monotonic() - self.start)}] {m.name}: compiling with nfc "
                  f"({', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults'})")
+        # a cold compile: no per-kernel object cache either (--quick may use both caches)
         rec = self._process([self.opts.python, "-m", "nfc.runtime.bench.worker", "compile",
-                             json.dumps(spec)], 1)
+                             json.dumps(spec)], 1,
+                            None if self.opts.quick else {"NFC_OBJECT_CACHE": "0"})
         if rec.get("status") == "ok":
             self.log(f"  compiled in {rec['compile_s']:.1f} s ({rec['compile_kind']}; "
                      f"{rec['kernels']} kernels, {rec['gflop']:.3f} GFLOP per step; "
