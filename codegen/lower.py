@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nfc.affine import Affine, affine_interval, affine_to_expr, interval, to_affine
 from nfc.codegen.loops import (
@@ -36,6 +36,7 @@ from nfc.codegen.loops import (
     Store,
 )
 from nfc.codegen.schedule import GroupSchedule, Schedule
+from nfc.contraction import FlatContraction, flatten
 from nfc.ir import (
     Binary,
     Call,
@@ -474,6 +475,19 @@ def group_stages(op: ComputeOp | KernelOp | Sequence[ComputeOp],
     return [(st, gs.stages[n] if n < len(gs.stages) else None) for n, st in enumerate(stages)]
 
 
+def schedule_view(op: ComputeOp, sched: Schedule) -> FlatContraction | None:
+    """The flattened view of contraction `op` when `sched` schedules it (names its merged
+    axes, as nfc.codegen.space.schedule_space's GEMM template does), else None."""
+    names = {a.name for a in op.all_axes}
+    named = {loop.partition(".")[0] for loop in sched.order} | {s.axis for s in sched.splits}
+    if named <= names:
+        return None
+    view = flatten(op)
+    if view is None or not named <= {a.name for a in view.op.all_axes}:
+        raise ScheduleError(f"the schedule names unknown axes {sorted(named - names)}")
+    return view
+
+
 def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
           schedule: Schedule | GroupSchedule | None = None, *, name: str = "kernel",
           default: object = None) -> LoopFunc:
@@ -498,7 +512,18 @@ def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
             temps.append(tb)
             bufs[id(st.result)] = tb
         sched = s if s is not None else pick(st)  # type: ignore[operator]
-        stmts.append(lower_stage(st, sched, bufs[id(st.result)], bufs, list(st.operands), used))
+        view = schedule_view(st, sched)
+        if view is None:
+            stmts.append(lower_stage(st, sched, bufs[id(st.result)], bufs, list(st.operands),
+                                     used))
+            continue
+        # a contraction scheduled on its flattened view: the same memory seen as the view's
+        # shapes (buffers keep their names, so they bind to the same pointers)
+        vbufs = dict(bufs)
+        for vid, fv in view.values.items():
+            vbufs[id(fv)] = replace(bufs[vid], shape=fv.shape)
+        stmts.append(lower_stage(view.op, sched, vbufs[id(view.op.result)], vbufs,
+                                 list(view.op.operands), used))
     body: Stmt = stmts[0] if len(stmts) == 1 else Seq(tuple(stmts))
     for tb in reversed(temps):
         body = Allocate(tb, body)

@@ -18,7 +18,7 @@ from typing import Any
 
 #: Version of the schedule format and of the meaning of schedule-space parameters; part of the
 #: tuning cache's category, so records of another version are never reused.
-SCHEDULE_VERSION = "nfc-cpu-sched-1"
+SCHEDULE_VERSION = "nfc-cpu-sched-2"
 
 
 @dataclass(frozen=True)

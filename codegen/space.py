@@ -23,7 +23,8 @@ from typing import Any
 
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
-from nfc.ir import Binary, ComputeOp, Expr, Index, Load, index_names
+from nfc.contraction import FlatContraction, flatten, match_contraction, plain_names
+from nfc.ir import ComputeOp, Index, Load, index_names
 
 #: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
 PARALLEL_WORK = 1 << 16
@@ -51,47 +52,31 @@ class GemmPattern:
     """Dimension of A indexed by i."""
     b_dim: int
     """Dimension of B indexed by j."""
-
-
-def _plain(ld: Expr) -> list[str] | None:
-    if not isinstance(ld, Load) or not all(isinstance(x, Index) for x in ld.indices):
-        return None
-    names = [x.name for x in ld.indices if isinstance(x, Index)]
-    return names if len(set(names)) == len(names) else None
+    kouter: tuple[str, ...] = ()
+    """Reduction axes looped outside the GEMM (C accumulates over them)."""
 
 
 def match_gemm(op: ComputeOp) -> GemmPattern | None:
-    """The GEMM roles of `op`, or None when it is not `sum_k A[.., i, k] * B[.., k, j]`."""
-    if op.reduce != "sum" or len(op.raxes) != 1 or not op.dims:
-        return None
-    body = op.body
-    if not (isinstance(body, Binary) and body.op == "*"):
-        return None
-    na, nb = _plain(body.a), _plain(body.b)
-    if na is None or nb is None:
-        return None
-    assert isinstance(body.a, Load) and isinstance(body.b, Load)
-    k = op.raxes[0].name
-    sa, sb = set(na), set(nb)
-    if k not in sa or k not in sb:
-        return None
-    batch = (sa & sb) - {k}
-    ia, jb = sa - sb, sb - sa
-    if len(ia) != 1 or len(jb) != 1 or {d.name for d in op.dims} != batch | ia | jb:
-        return None
-    la, lb = body.a, body.b
-    i, j = next(iter(ia)), next(iter(jb))
-    if op.dims[-1].name == i:  # the output's contiguous axis must come from B
-        la, lb, na, nb, i, j = lb, la, nb, na, j, i
-    elif op.dims[-1].name != j:
+    """The GEMM roles of `op`, or None when it is not `sum_k A[.., i, .., k] * B[.., k, .., j]`
+    with single axes i, j, k (nfc.contraction: other output axes are batch loops, other
+    reduction axes outer reduction loops). A contraction over runs of axes (a convolution over
+    gathered columns) is matched on its flattened view: see `gemm_view`."""
+    c = match_contraction(op)
+    if c is None or not c.is_gemm:
         return None
     operands = op.operands
-    a = next(n for n, v in enumerate(operands) if v is la.tensor)
-    b = next(n for n, v in enumerate(operands) if v is lb.tensor)
-    if a == b:
-        return None
-    batch_order = tuple(d.name for d in op.dims if d.name in batch)
-    return GemmPattern(i, j, k, batch_order, a, b, na.index(i), nb.index(j))
+    a = next(n for n, v in enumerate(operands) if v is c.a.tensor)
+    b = next(n for n, v in enumerate(operands) if v is c.b.tensor)
+    na, nb = plain_names(c.a), plain_names(c.b)
+    assert na is not None and nb is not None
+    return GemmPattern(c.i[0], c.j[0], c.k[0], c.batch, a, b, na.index(c.i[0]),
+                       nb.index(c.j[0]), c.kouter)
+
+
+def gemm_view(op: ComputeOp) -> FlatContraction | None:
+    """The flattened view of a contraction over runs of axes (None for a plain GEMM or no
+    contraction); its schedules name the merged axes (`FlatContraction.names`)."""
+    return flatten(op)
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -167,7 +152,7 @@ class GemmSpace:
         splits = [Split(p.i, (mc, mr)), Split(p.j, (nr, self.w) if nv > 1 else (self.w,)),
                   Split(p.k, (kc, ku))]
         jl = [f"{p.j}.0", f"{p.j}.1", f"{p.j}.2"] if nv > 1 else [f"{p.j}.0", f"{p.j}.1"]
-        order = [*p.batch, f"{p.i}.0", f"{p.k}.0", jl[0], f"{p.i}.1", f"{p.k}.1",
+        order = [*p.batch, f"{p.i}.0", *p.kouter, f"{p.k}.0", jl[0], f"{p.i}.1", f"{p.k}.1",
                  f"{p.k}.2", f"{p.i}.2", *jl[1:]]
         unroll = [f"{p.k}.2", f"{p.i}.2", *jl[1:-1]]
         par = [*p.batch, f"{p.i}.0"] if cfg.get("parallel") else []
@@ -368,9 +353,17 @@ class LoopSpace:
 
 
 def schedule_space(op: ComputeOp, target: CpuTarget | None = None) -> GemmSpace | LoopSpace:
-    """The schedule space of a compute: the GEMM template when the pattern matches."""
+    """The schedule space of a compute: the GEMM template when the pattern matches (directly,
+    or on the flattened view of a contraction over runs of axes), else the loop template."""
     p = match_gemm(op)
-    return GemmSpace(op, p, target) if p is not None else LoopSpace(op, target)
+    if p is not None:
+        return GemmSpace(op, p, target)
+    view = gemm_view(op)
+    if view is not None:
+        fp = match_gemm(view.op)
+        assert fp is not None, "a flattened contraction is a GEMM"
+        return GemmSpace(view.op, fp, target)
+    return LoopSpace(op, target)
 
 
 def default_schedule(op: ComputeOp, target: CpuTarget | None = None) -> Schedule:
@@ -384,4 +377,4 @@ def default_schedule(op: ComputeOp, target: CpuTarget | None = None) -> Schedule
 
 
 __all__ = ["SCHEDULE_VERSION", "GemmPattern", "GemmSpace", "LoopSpace", "default_schedule",
-           "match_gemm", "schedule_space"]
+           "gemm_view", "match_gemm", "schedule_space"]

@@ -86,9 +86,11 @@ def _apply_optimizer(module: Module, overrides: Mapping[str, Any]) -> None:
 
 
 def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
-                 optimizer: Mapping[str, Any] | None = None) -> Module:
+                 optimizer: Mapping[str, Any] | None = None, *, im2col: bool = True) -> Module:
     """The module of a `.nf` model with @forward, @eval and (when it minimizes a loss)
-    @train_step; or the parsed module of a `.nfir` file."""
+    @train_step; or the parsed module of a `.nfir` file. `im2col`: gather convolution windows
+    into columns before autodiff (nfc.passes.im2col), so convolutions and their gradients run
+    as GEMMs."""
     p = Path(path)
     if p.suffix == ".nfir":
         from nfc.irparser import parse_module
@@ -110,6 +112,11 @@ def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
     if needs_separate_eval(module.func("forward")):
         ev = compile_file(p, params=dict(params or {}), training=False)
         module.funcs.append(eval_from_forward(ev.func("forward")))
+    if im2col:  # before autodiff: the gradients of a convolution become GEMMs as well
+        from nfc.passes.im2col import im2col_func
+
+        for func in module.funcs:
+            im2col_func(func)
     if module.attrs.get("nf.loss") is not None and module.attrs.get("nf.optimizer") is not None:
         add_training_functions(module)
     elif not module.has_func("eval"):
@@ -221,11 +228,11 @@ def apply_tuning(module: Module) -> str:
 def compile_model(source: str | Path, output: str | None = None, *,
                   settings: Sequence[str] = (), pipeline: str = DEFAULT_PIPELINE,
                   profile: bool = False, use_cache: bool = True, tuning: bool = True,
-                  fuse: bool = True) -> Built:
-    """Front end, autodiff, pipeline, tuned schedules, fusion (unless `fuse` is False) and
-    artifact for the model file `source`."""
+                  fuse: bool = True, im2col: bool = True) -> Built:
+    """Front end, im2col (unless False), autodiff, pipeline, tuned schedules, fusion (unless
+    `fuse` is False) and artifact for the model file `source`."""
     params, opt = parse_settings(settings)
-    module = model_module(source, params, opt)
+    module = model_module(source, params, opt, im2col=im2col)
     run_pipeline(module, pipeline)
     note = apply_tuning(module) if tuning else ""
     if fuse:
@@ -237,7 +244,7 @@ def compile_model(source: str | Path, output: str | None = None, *,
 
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
                use_cache: bool = True, pipeline: str = DEFAULT_PIPELINE, tuning: bool = True,
-               log: Any = None, fuse: bool = True):  # -> Model
+               log: Any = None, fuse: bool = True, im2col: bool = True):  # -> Model
     """A loaded model from a `.so` (settings must be empty) or a model file (compiled;
     `log(line)` hears which tuned schedules were used)."""
     from nfc.runtime.loader import load
@@ -248,7 +255,7 @@ def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: boo
             raise SettingError("--set applies when compiling; a .so is already compiled")
         return load(src)
     built = compile_model(src, settings=settings, pipeline=pipeline, profile=profile,
-                          use_cache=use_cache, tuning=tuning, fuse=fuse)
+                          use_cache=use_cache, tuning=tuning, fuse=fuse, im2col=im2col)
     if log is not None and built.tuning:
         log(f"nfc: {built.tuning}")
     return load(built.path)

@@ -67,6 +67,8 @@ class TrainConfig:
     """Use tuned schedules from the tuning cache (nfc tune)."""
     fuse: bool = True
     """Group computes into kernels (the fuse pass) when compiling a model file."""
+    im2col: bool = True
+    """Gather convolution windows into columns (the im2col pass) when compiling."""
     keep: int = 3
     evaluate: bool = True
     """Evaluate on the test split after every epoch (and at the end)."""
@@ -257,7 +259,8 @@ def _open_model(cfg: TrainConfig) -> _Opened:
         if cfg.lr is not None:
             settings.append(f"opt.lr={cfg.lr}")
         built = compile_model(cfg.source, settings=settings, profile=cfg.profile,
-                              use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse)
+                              use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse,
+                              im2col=cfg.im2col)
         if cfg.progress and built.tuning:
             cfg.log(f"nfc: {built.tuning}")
         model = load(built.path)

@@ -47,6 +47,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-fuse", action="store_true",
                    help="one kernel per compute: skip the fuse pass (run after -p and the "
                         "tuned schedules)")
+    p.add_argument("--no-im2col", action="store_true",
+                   help="keep convolutions as loop nests: skip the im2col pass, which gathers "
+                        "their windows into columns before autodiff (less memory)")
     p.set_defaults(func=run)
 
 
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         params, opt = parse_settings(args.settings)
     except SettingError as exc:
         raise UsageError(str(exc)) from None
-    module = model_module(src, params, opt)
+    module = model_module(src, params, opt, im2col=not args.no_im2col)
     run_pipeline(module, DEFAULT_PIPELINE if args.pipeline is None else args.pipeline)
     if args.functions:
         missing = [f for f in args.functions if not module.has_func(f)]

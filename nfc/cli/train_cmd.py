@@ -72,6 +72,8 @@ def add_parser(subparsers: Any) -> None:
                    help="ignore tuned schedules of the tuning cache (nfc tune)")
     p.add_argument("--no-fuse", action="store_true",
                    help="one kernel per compute: skip the fuse pass")
+    p.add_argument("--no-im2col", action="store_true",
+                   help="keep convolutions as loop nests: skip the im2col pass (less memory)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--no-eval", action="store_true",
                    help="skip the test-split evaluation after each epoch (short runs)")
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile, trace=(args.trace or "nfc-trace.json") if args.profile else None,
         threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
-        tuning=not args.no_tuning, fuse=not args.no_fuse, evaluate=not args.no_eval)
+        tuning=not args.no_tuning, fuse=not args.no_fuse, im2col=not args.no_im2col,
+        evaluate=not args.no_eval)
     try:
         with _sleeping_omp_threads():
             res = train(cfg)

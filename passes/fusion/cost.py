@@ -30,12 +30,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nfc.contraction import match_contraction
 from nfc.cost import compute_cost
 from nfc.ir import (
-    Binary,
     ComputeOp,
     Expr,
-    Index,
     Load,
     Value,
     loads,
@@ -81,36 +80,11 @@ class _Stage:
 EMPTY = GroupCost(0.0, 0.0, 0, 0)
 
 
-def _plain(e: Expr) -> list[str] | None:
-    if not isinstance(e, Load) or not all(isinstance(x, Index) for x in e.indices):
-        return None
-    names = [x.name for x in e.indices if isinstance(x, Index)]
-    return names if len(set(names)) == len(names) else None
-
-
 def gemm_like(op: ComputeOp) -> bool:
-    """Whether codegen recognises `op` as a GEMM (mirror of nfc.codegen.space.match_gemm):
-    `sum_k A[.., i, .., k] * B[.., k, .., j]` over plain loads of two distinct tensors, the
-    output's last axis being i or j."""
-    if op.reduce != "sum" or len(op.raxes) != 1 or not op.dims:
-        return False
-    body = op.body
-    if not (isinstance(body, Binary) and body.op == "*"):
-        return False
-    na, nb = _plain(body.a), _plain(body.b)
-    if na is None or nb is None:
-        return False
-    assert isinstance(body.a, Load) and isinstance(body.b, Load)
-    if body.a.tensor is body.b.tensor:
-        return False
-    k = op.raxes[0].name
-    sa, sb = set(na), set(nb)
-    if k not in sa or k not in sb:
-        return False
-    ia, jb = sa - sb, sb - sa
-    if len(ia) != 1 or len(jb) != 1 or {d.name for d in op.dims} != (sa & sb) - {k} | ia | jb:
-        return False
-    return op.dims[-1].name in ia | jb
+    """Whether codegen runs `op` with its GEMM template (nfc.codegen.space.match_gemm): a
+    contraction, `sum A[..] * B[..]` over plain loads of two distinct tensors whose runs of
+    axes flatten into a batched GEMM (nfc.contraction)."""
+    return match_contraction(op) is not None
 
 
 def inline_into(producer: ComputeOp, body: Expr) -> Expr:

@@ -1,0 +1,192 @@
+"""Contractions: computes `out[..] = sum A[..] * B[..]` over plain loads, seen as batched GEMMs.
+
+A compute is a *contraction* when its body is the product of two loads of distinct tensors,
+each indexed by distinct axes only (`A[n, o, y, x]`, no arithmetic), and every reduction axis
+indexes both. Its axes then fall into roles:
+
+- `j`: the trailing run of output axes that only B indexes (B is the operand holding the
+  output's last axis), adjacent and in the same order in B;
+- `i`: a run of output axes that only A indexes, adjacent and in the same order in the output
+  and in A (the longest; the later of equals);
+- `k`: a run of reduction axes adjacent and in the same order in A and in B (the longest);
+- `kouter`: the other reduction axes, `batch`: the other output axes (indexing A, B or both).
+
+Because the tensors are row-major, a run of adjacent dimensions is one dimension of a reshaped
+view, so a contraction is a batch of GEMMs `C[m, n] += sum_k A[m, k] * B[k, n]` (m = the `i`
+run flattened, n = the `j` run, k = the `k` run) accumulated over `kouter`. `flatten` builds
+that view: the same compute over merged axes and reshaped operands, which the code generator
+lowers with its GEMM template and the fusion pass protects. A convolution becomes one once its
+input is gathered into columns (nfc.passes.im2col): forward, weight and input gradients alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nfc.ir import Axis, Binary, ComputeOp, Expr, Index, Load, TensorType, Value
+
+__all__ = ["Contraction", "FlatContraction", "flatten", "match_contraction", "plain_names"]
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """The roles of the axes of a contraction (see the module docstring)."""
+
+    a: Load
+    b: Load
+    i: tuple[str, ...]
+    j: tuple[str, ...]
+    k: tuple[str, ...]
+    kouter: tuple[str, ...]
+    batch: tuple[str, ...]
+
+    @property
+    def is_gemm(self) -> bool:
+        """Whether every role is a single axis already (no view needed)."""
+        return len(self.i) == len(self.j) == len(self.k) == 1
+
+
+def plain_names(e: Expr) -> list[str] | None:
+    """The axis names of a load indexed by distinct plain axes, else None."""
+    if not isinstance(e, Load) or not all(isinstance(x, Index) for x in e.indices):
+        return None
+    names = [x.name for x in e.indices if isinstance(x, Index)]
+    return names if len(set(names)) == len(names) else None
+
+
+def _runs(seq: list[str], ok: set[str], other: list[str] | None) -> list[tuple[str, ...]]:
+    """Maximal runs of adjacent members of `ok` in `seq` that are also adjacent, in the same
+    order, in `other` (when given)."""
+    out: list[tuple[str, ...]] = []
+    cur: list[str] = []
+    for name in seq:
+        if name in ok and cur and (other is None or (
+                other.index(name) == other.index(cur[-1]) + 1)):
+            cur.append(name)
+            continue
+        if cur:
+            out.append(tuple(cur))
+        cur = [name] if name in ok else []
+    if cur:
+        out.append(tuple(cur))
+    return out
+
+
+def _best(runs: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    best: tuple[str, ...] | None = None
+    for r in runs:  # the longest; of equals, the later
+        if best is None or len(r) >= len(best):
+            best = r
+    return best
+
+
+def match_contraction(op: ComputeOp) -> Contraction | None:
+    """The roles of `op`'s axes when it is a contraction (module docstring), else None."""
+    if op.reduce != "sum" or not op.dims or not op.raxes:
+        return None
+    body = op.body
+    if not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    na, nb = plain_names(body.a), plain_names(body.b)
+    if na is None or nb is None:
+        return None
+    la, lb = body.a, body.b
+    assert isinstance(la, Load) and isinstance(lb, Load)
+    if la.tensor is lb.tensor:
+        return None
+    dims = [a.name for a in op.dims]
+    red = [a.name for a in op.raxes]
+    sa, sb = set(na), set(nb)
+    if any(r not in sa or r not in sb for r in red) or any(d not in sa | sb for d in dims):
+        return None
+    last = dims[-1]
+    if last in sa and last in sb:
+        return None
+    if last in sa:
+        la, lb, na, nb, sa, sb = lb, la, nb, na, sb, sa
+    j = [last]
+    for d in reversed(dims[:-1]):
+        p = nb.index(j[0])
+        if d in sb and d not in sa and p > 0 and nb[p - 1] == d:
+            j.insert(0, d)
+        else:
+            break
+    a_only = (sa - sb) - set(j)
+    i = _best([r for r in _runs(dims, a_only, na) if r])
+    if i is None:
+        return None
+    k = _best(_runs(na, set(red), nb))
+    assert k is not None
+    kouter = tuple(r for r in red if r not in k)
+    batch = tuple(d for d in dims if d not in i and d not in j)
+    return Contraction(la, lb, i, tuple(j), k, kouter, batch)
+
+
+@dataclass(frozen=True)
+class FlatContraction:
+    """A contraction over reshaped views: `op` computes the same elements as the original
+    into the original's memory; `values` maps id(original value) to its view (result, A, B)."""
+
+    op: ComputeOp
+    values: dict[int, Value]
+    names: tuple[str, str, str]
+    """The merged axes (m, n, k) of the runs; a run of one axis keeps its name."""
+
+
+def _fresh(base: str, used: set[str]) -> str:
+    name, n = base, 1
+    while name in used:
+        name, n = f"{base}_{n}", n + 1
+    used.add(name)
+    return name
+
+
+def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | None:
+    """The view of a contraction whose runs are merged into single axes, or None when `op`
+    is no contraction or already has single-axis runs."""
+    c = c if c is not None else match_contraction(op)
+    if c is None or c.is_gemm:
+        return None
+    ext = {a.name: a.extent for a in op.all_axes}
+    used = set(ext)
+    merged: dict[tuple[str, ...], str] = {}
+    names = []
+    for run, base in ((c.i, "gm"), (c.j, "gn"), (c.k, "gk")):
+        merged[run] = run[0] if len(run) == 1 else _fresh(base, used)
+        names.append(merged[run])
+        ext[merged[run]] = math.prod(ext[a] for a in run)
+
+    def merge(seq: list[str]) -> list[str]:
+        out: list[str] = []
+        skip: set[str] = set()
+        for n in seq:
+            if n in skip:
+                continue
+            run = next((r for r in merged if r[0] == n), None)
+            if run is not None and len(run) > 1 and list(seq[seq.index(n):][:len(run)]) == (
+                    list(run)):
+                out.append(merged[run])
+                skip.update(run)
+            else:
+                out.append(n)
+        return out
+
+    def view(ld: Load) -> Load:
+        idx = merge([x.name for x in ld.indices if isinstance(x, Index)])
+        v = ld.tensor
+        fv = Value(TensorType(tuple(ext[n] for n in idx), v.dtype), v.name)
+        return Load(fv, tuple(Index(n) for n in idx))
+
+    fa, fb = view(c.a), view(c.b)
+    body = op.body
+    assert isinstance(body, Binary)
+    new_body = Binary("*", fa, fb) if body.a is c.a else Binary("*", fb, fa)
+    dims = merge([a.name for a in op.dims])
+    red = [*c.kouter, merged[c.k]]
+    fop = ComputeOp(TensorType(tuple(ext[d] for d in dims), op.result.dtype),
+                    tuple(Axis(d, ext[d]) for d in dims), new_body, reduce="sum",
+                    raxes=tuple(Axis(r, ext[r]) for r in red), name=op.result.name)
+    values = {id(op.result): fop.result, id(c.a.tensor): fa.tensor,
+              id(c.b.tensor): fb.tensor}
+    return FlatContraction(fop, values, (names[0], names[1], names[2]))
