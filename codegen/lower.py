@@ -310,8 +310,30 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
     def guarded(cond: Expr | None, s: Stmt) -> Stmt:
         return s if cond is None else If(cond, s)
 
+    def peeled(store: Stmt) -> Stmt | None:
+        """An elementwise nest whose one ragged output axis is vectorized: its complete
+        blocks run without the bounds guard and the clamps (so without masked loads and
+        stores, slow on some CPUs), the last block guarded."""
+        ragged = [a for a in overshoot if not axes[a].reduce]
+        if len(ragged) != 1 or vec is None or owner[vec].name != ragged[0]:
+            return None
+        ax = axes[ragged[0]]
+        first = ax.loops[0]
+        if kinds[first] is not LoopKind.SERIAL or any(tight(lp) for lp in ax.loops[1:]):
+            return None
+        full, blocks = ax.extent // ax.sizes[0], ax.const(0)
+        if not 0 < full < blocks:
+            return None
+        pos = order.index(first)
+        plain = nest(order[pos + 1:], _strip_clamps(store))
+        tail = map_stmt(nest(order[pos + 1:], guarded(spatial_guard, store)),
+                        {first: Binary("+", Index(first), Const(full))})
+        return nest(order[:pos], Seq((For(first, Const(full), LoopKind.SERIAL, plain),
+                                      For(first, Const(blocks - full), LoopKind.SERIAL, tail))))
+
     if op.reduce is None:
-        main = nest(order, guarded(spatial_guard, Store(out, out_idx, body)))
+        st0 = Store(out, out_idx, body)
+        main = peeled(st0) or nest(order, guarded(spatial_guard, st0))
     else:
         red_loops = [loop for loop in order if owner[loop].reduce]
         q = order.index(sched.cache_write) if sched.cache_write else order.index(red_loops[0])
@@ -354,6 +376,25 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
     for pbuf, pnest in reversed(pack_nests):
         main = Allocate(pbuf, Seq((pnest, main)))
     return main
+
+
+def _strip_clamps(s: Stmt) -> Stmt:
+    """`s` with every `Clamp(x, hi)` replaced by `x` (where no index can overshoot)."""
+    def ex(e: Expr) -> Expr:
+        return e.map(lambda x: ex(x.x) if isinstance(x, Clamp) else None)
+
+    if isinstance(s, Seq):
+        return Seq(tuple(_strip_clamps(x) for x in s.body))
+    if isinstance(s, For):
+        return For(s.var, s.extent, s.kind, _strip_clamps(s.body))
+    if isinstance(s, Store):
+        return Store(s.buffer, tuple(ex(i) for i in s.indices), ex(s.value), s.reduce)
+    if isinstance(s, If):
+        return If(ex(s.cond), _strip_clamps(s.then),
+                  None if s.orelse is None else _strip_clamps(s.orelse))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _strip_clamps(s.body))
+    return s
 
 
 def _fuse_parallel(s: Stmt, par: list[str], consts: dict[str, int], used: set[str]) -> Stmt:

@@ -29,10 +29,15 @@ from nfc.ir import Block, Call, Const, KernelOp, YieldOp
 GOLDEN_EW = """\
 kernel @k(out: f32[4, 10] out, x: f32[4, 10] in) {
   parallel i in 0..4 {
-    for j.0 in 0..2 {
+    for j.0 in 0..1 {
       vectorized j.1 in 0..8 {
-        if 8 * j.0 + j.1 < 10 {
-          out[i, 8 * j.0 + j.1] = exp(x[i, clamp(8 * j.0 + j.1, 9)]) + 1.0
+        out[i, 8 * j.0 + j.1] = exp(x[i, 8 * j.0 + j.1]) + 1.0
+      }
+    }
+    for j.0 in 0..1 {
+      vectorized j.1 in 0..8 {
+        if 8 * (j.0 + 1) + j.1 < 10 {
+          out[i, 8 * (j.0 + 1) + j.1] = exp(x[i, clamp(8 * (j.0 + 1) + j.1, 9)]) + 1.0
         }
       }
     }
