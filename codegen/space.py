@@ -152,7 +152,10 @@ class GemmSpace:
         splits = [Split(p.i, (mc, mr)), Split(p.j, (nr, self.w) if nv > 1 else (self.w,)),
                   Split(p.k, (kc, ku))]
         jl = [f"{p.j}.0", f"{p.j}.1", f"{p.j}.2"] if nv > 1 else [f"{p.j}.0", f"{p.j}.1"]
-        order = [*p.batch, f"{p.i}.0", *p.kouter, f"{p.k}.0", jl[0], f"{p.i}.1", f"{p.k}.1",
+        # outer reduction axes run inside the micro-tile, around its k loop: the accumulator
+        # tile stays in registers over all of them (a short K per GEMM, as in a convolution's
+        # input gradient over [p, d] capsule axes, would otherwise reload C for each)
+        order = [*p.batch, f"{p.i}.0", f"{p.k}.0", jl[0], f"{p.i}.1", *p.kouter, f"{p.k}.1",
                  f"{p.k}.2", f"{p.i}.2", *jl[1:]]
         unroll = [f"{p.k}.2", f"{p.i}.2", *jl[1:-1]]
         par = [*p.batch, f"{p.i}.0"] if cfg.get("parallel") else []
@@ -161,7 +164,8 @@ class GemmSpace:
             packs.append(Pack(p.a, p.a_dim, mr))
         return Schedule(splits=tuple(splits), order=tuple(order), vectorize=jl[-1],
                         unroll=tuple(unroll), parallel=tuple(par),
-                        cache_write=f"{p.k}.1", pack=tuple(packs))
+                        cache_write=p.kouter[0] if p.kouter else f"{p.k}.1",
+                        pack=tuple(packs))
 
 
 class LoopSpace:
