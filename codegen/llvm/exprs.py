@@ -295,6 +295,17 @@ class ExprEmitter:
 
     def select(self, e: Select, dt: DType) -> ir.Value:
         b = self.b
+        if self.lane is not None:
+            # `select(u and l, x, y)` with u the same for every lane and loads in x: branch on
+            # u, mask only by l (a convolution tap outside the image costs a jump, not a
+            # masked load with its lane arithmetic)
+            parts = _conjuncts(e.cond)
+            uni = [p for p in parts if not self.lane_dependent(p)]
+            if uni and len(uni) < len(parts) and not any(
+                    isinstance(x, BufLoad) for x in e.b.walk()) and any(
+                    isinstance(x, BufLoad) for x in e.a.walk()):
+                lane = [p for p in parts if self.lane_dependent(p)]
+                return self.select(Select(_all(uni), Select(_all(lane), e.a, e.b), e.b), dt)
         cond = self.value(e.cond, DType.I1)
         known = const_ints(cond)
         if known is not None and len(set(known)) == 1:  # the same side for every lane
@@ -534,3 +545,17 @@ def _size(t: ir.Type) -> int:
 
 def _subst(e: Expr, var: str, value: int) -> Expr:
     return e.map(lambda x: Const(value) if isinstance(x, Index) and x.name == var else None)
+
+
+def _conjuncts(e: Expr) -> list[Expr]:
+    """The operands of a tree of `and`s."""
+    if isinstance(e, Binary) and e.op == "and":
+        return [*_conjuncts(e.a), *_conjuncts(e.b)]
+    return [e]
+
+
+def _all(parts: list[Expr]) -> Expr:
+    out = parts[0]
+    for p in parts[1:]:
+        out = Binary("and", out, p)
+    return out

@@ -120,3 +120,19 @@ def test_a_schedule_naming_unknown_axes_is_refused():
     op = conv_forward()
     with pytest.raises(ScheduleError, match="unknown axes"):
         schedule_view(op, Schedule(splits=(Split("nope", (4,)),)))
+
+
+def test_guard_split_into_uniform_branch_and_lane_mask():
+    # select(u and l, load, 0): u (same for all lanes) becomes a branch, l a load mask
+    from nfc.ir import Binary, Const, Index, Select
+
+    x = tensor("x", (6, 12))
+    i, j = Index("i"), Index("j")
+    cond = Binary("and", Binary("and", Binary(">=", i, Const(2)),
+                                Binary(">=", Binary("+", j, i), Const(4))),
+                  Binary("<", j, Const(9)))
+    op = compute({"i": 6, "j": 10}, Select(cond, ld(x, "i", Binary("+", j, Const(2))),
+                                           Const(0.0)))
+    check(op, Schedule(splits=(Split("j", (8,)),), order=("i", "j.0", "j.1"),
+                       vectorize="j.1"), atol=0)
+    check(op, default_schedule(op), atol=0)
