@@ -159,12 +159,15 @@ def _builder_fingerprint() -> str:
     return _FINGERPRINT[0]
 
 
-def module_key(module: Module, *, profile: bool, target_key: str) -> str:
-    """A hash naming the library built from `module` with these options."""
+def module_key(module: Module, *, profile: bool, target_key: str,
+               functions: Sequence[str] | None = None) -> str:
+    """A hash naming the library built from `module` with these options (`functions`: the
+    entries built, None for all)."""
     from nfc.printer import print_module
 
     h = hashlib.sha256()
     for part in (__version__, _builder_fingerprint(), target_key, str(profile),
+                 "*" if functions is None else ",".join(sorted(functions)),
                  print_module(module, locs=True)):
         h.update(part.encode())
         h.update(b"\0")
@@ -190,7 +193,7 @@ def build_library(module: Module, output: str | None = None, *, profile: bool = 
     from nfc.codegen.cpu import host_target
 
     target = host_target()
-    key = module_key(module, profile=profile, target_key=target.key())
+    key = module_key(module, profile=profile, target_key=target.key(), functions=functions)
     cached = _cache_dir() / f"{key}.so"
     if use_cache and cached.exists():
         if output is None:

@@ -213,3 +213,16 @@ def test_state_rng_and_adam_step_match_interpreter():
                                        "x": x, "y": np.zeros(16, np.int32),
                                        "rng": np.zeros(2, np.int64)})
     assert_close(a, ref["logits"], what="eval logits")
+
+
+def test_library_cache_key_names_the_functions_built():
+    from runtime_lib import MLP_DIGITS
+
+    from nfc.runtime.build import model_module, module_key
+
+    m = model_module(MLP_DIGITS)
+    full = module_key(m, profile=False, target_key="t")
+    fwd = module_key(m, profile=False, target_key="t", functions=["forward"])
+    both = module_key(m, profile=False, target_key="t", functions=["forward", "eval"])
+    assert len({full, fwd, both}) == 3  # a library of some entries is not the whole one
+    assert both == module_key(m, profile=False, target_key="t", functions=["eval", "forward"])
