@@ -24,7 +24,11 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("run", help="evaluate a compiled model", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="a compiled .so, or a .nf model to compile")
-    p.add_argument("--data", default="digits", help="digits, mnist1d, text or synthetic")
+    p.add_argument("--data", default="auto",
+                   help="auto (what nfc train picks for the model), digits, mnist1d, text or "
+                        "synthetic")
+    p.add_argument("--resize", default="bilinear", choices=("bilinear", "nearest"),
+                   help="how images are fitted to the model's input size")
     p.add_argument("--function", default=None, help="function to run (default eval/forward)")
     p.add_argument("--checkpoint", metavar="DIR|FILE.json",
                    help="parameters from a checkpoint (its directory: the latest)")
@@ -55,12 +59,12 @@ def _info(model: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load (or compile), then describe or evaluate."""
+    from nfc.runtime import adapters
     from nfc.runtime import checkpoint as ckpt
     from nfc.runtime.build import SettingError, load_model
     from nfc.runtime.data import DataError
-    from nfc.runtime.data import load as load_data
     from nfc.runtime.loader import ArtifactError
-    from nfc.runtime.train import default_threads, evaluate, model_classes, model_io
+    from nfc.runtime.train import default_threads, evaluate
 
     try:
         model = load_model(args.file, settings=args.settings)
@@ -85,15 +89,15 @@ def run(args: argparse.Namespace) -> int:
             model.seed = int(info.get("seed", 0))
         else:
             model.init(args.seed)
-        x, _ = model_io(model.functions[name].meta)
-        ds = load_data(args.data, x, model_classes(model.metadata))
+        ds = adapters.load_for(args.data, adapters.model_inputs(model.metadata, name),
+                               resize=args.resize)
         t0 = time.perf_counter()
         acc, loss = evaluate(model, ds, name)
         dt = time.perf_counter() - t0
     except (ArtifactError, DataError, SettingError, ckpt.CheckpointError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     n = 0 if ds.x_test is None else len(ds.x_test)
-    result = {"data": args.data, "function": name, "samples": n, "accuracy": acc,
+    result = {"data": ds.name, "function": name, "samples": n, "accuracy": acc,
               "loss": loss, "seconds": dt}
     if args.json:
         print(json.dumps(result))
@@ -104,5 +108,5 @@ def run(args: argparse.Namespace) -> int:
         if loss is not None:
             parts.append(f"loss {loss:.4f}")
         parts.append(f"{dt * 1e3:.1f} ms")
-        print(f"{args.data} ({name}): " + ", ".join(parts))
+        print(f"{ds.note or ds.name} ({name}): " + ", ".join(parts))
     return 0

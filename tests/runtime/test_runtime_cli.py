@@ -79,3 +79,12 @@ def test_usage_errors(tiny_so, capsys, tmp_path):
     assert "key=value" in capsys.readouterr().err
     assert main(["compile", tiny_so, "--emit=ir"]) == 1
     assert "only gives --emit=header" in capsys.readouterr().err
+
+
+def test_run_picks_the_data_like_train(tiny_so, capsys):
+    # no --data: `auto` fits a data set to the model's inputs, as nfc train does
+    assert main(["run", tiny_so, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["data"] == "digits" and res["samples"] == 360
+    assert main(["run", tiny_so, "--data", "nope"]) == 1
+    assert "unknown data set 'nope'" in capsys.readouterr().err
