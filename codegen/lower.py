@@ -189,10 +189,17 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
     order = list(sched.order) or [loop for ax in axes.values() for loop in ax.loops]
     if sorted(order) != sorted(owner):
         raise ScheduleError(f"order {order} is not a permutation of the loops {list(owner)}")
+    # the loops of an axis run outer to inner, except that an output axis may put an inner
+    # block loop outside (a residue split: `w = 2*(8*w.0 + w.1) + w.2` with `w.2` outside the
+    # vectorized `w.1` makes `w // 2` contiguous in the lanes); such an axis runs full blocks,
+    # guarded by its bound, never a tight remainder loop
+    reordered: set[str] = set()
     for ax in axes.values():
         pos = [order.index(loop) for loop in ax.loops]
         if pos != sorted(pos):
-            raise ScheduleError(f"loops of axis '{ax.name}' must stay outer to inner")
+            if ax.reduce or pos[0] != min(pos):
+                raise ScheduleError(f"loops of axis '{ax.name}' must stay outer to inner")
+            reordered.add(ax.name)
 
     kinds = {loop: LoopKind.SERIAL for loop in order}
     for loop in sched.unroll:
@@ -210,7 +217,8 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
 
     def tight(loop: str) -> bool:
         ax = owner[loop]
-        return level[loop] > 0 and kinds[loop] is LoopKind.SERIAL and ax.padded > ax.extent
+        return (level[loop] > 0 and kinds[loop] is LoopKind.SERIAL and ax.padded > ax.extent
+                and ax.name not in reordered)
 
     # how far an axis's loops reach: the innermost tight level (level 0 always is) stops
     # within a block of the size it iterates, the constant levels inside fill that block

@@ -24,7 +24,7 @@ from typing import Any
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
 from nfc.contraction import FlatContraction, flatten, match_contraction, plain_names
-from nfc.ir import ComputeOp, Index, Load, index_names
+from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, index_names
 
 #: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
 PARALLEL_WORK = 1 << 16
@@ -185,6 +185,7 @@ class LoopSpace:
             "vec_axis": ["", *axes],
             "vec": sorted({1, max(1, w // 2), w, 2 * w}),
             "nvec": [1, 2, 4, 8, 16, 32, 64],
+            "vec_split": [1, 2, 3, 4],
             "tile_axis": ["", *[a for a in self.dims if self.ext[a] > 1]],
             "tile": [1, 2, 3, 4, 6, 8],
             "kunroll": [1, 2, 4, 8],
@@ -224,8 +225,12 @@ class LoopSpace:
             if vec not in self.params["vec"]:
                 vec = max(x for x in self.params["vec"] if x <= vec)
         cfg: dict[str, Any] = {"vec_axis": best if vec > 1 else "", "vec": vec if best else 1,
-                               "nvec": 1, "tile_axis": "", "tile": 1, "kunroll": 1,
-                               "parallel": 0}
+                               "nvec": 1, "vec_split": 1, "tile_axis": "", "tile": 1,
+                               "kunroll": 1, "parallel": 0}
+        stride = self._residue_stride(best) if best in self.dims and vec > 1 else 1
+        if stride > 1:
+            cfg["vec_split"] = stride
+            return self._finish(cfg)
         if self.raxes and best in self.dims:
             if self.ext[best] >= 2 * vec:
                 cfg["nvec"] = 2
@@ -247,12 +252,33 @@ class LoopSpace:
                 want = 8 if cfg["nvec"] == 1 else 4  # about 8 vector accumulators
                 cfg["tile"] = next((x for x in (want, 6, 4, 3, 2)
                                     if x <= want and self.ext[t] % x == 0), min(want, 4))
+        return self._finish(cfg)
+
+    def _finish(self, cfg: dict[str, Any]) -> dict[str, Any]:
         red = math.prod(self.ext[a] for a in self.raxes)
         out = math.prod(self.ext[a] for a in self.dims)
         par_ext = self._parallel_extent(cfg)
         cfg["parallel"] = 1 if out * red >= PARALLEL_WORK and par_ext > 1 else 0
         return cfg
 
+    def _residue_stride(self, a: str) -> int:
+        """S > 1 when the loads (and guards) read axis `a` only through `a // S` and `a % S`
+        (the gradient of a stride-S window): split `a = S*q + p` and vectorize q, so those
+        reads are contiguous in the lanes; else 1."""
+        found: set[int] = set()
+
+        def strip(e: Expr) -> Expr | None:
+            if (isinstance(e, Binary) and e.op in ("//", "%") and isinstance(e.b, Const)
+                    and not e.b.is_float and isinstance(e.a, Index) and e.a.name == a):
+                found.add(int(e.b.value))
+                return Const(0)
+            return None
+
+        rest = self.op.body.map(strip)
+        if len(found) != 1 or a in index_names(rest):
+            return 1
+        stride = found.pop()
+        return stride if stride in self.params["vec_split"] and stride > 1 else 1
     def _reduction_is_outer(self, vaxis: str) -> bool:
         """Whether every load is contiguous in `vaxis` and indexed by a reduction axis in an
         outer dimension (column sums): then no output axis besides `vaxis` reuses loads."""
@@ -274,6 +300,8 @@ class LoopSpace:
         if (not va) != (cfg["vec"] == 1):
             return False
         if va in self.raxes and (cfg["nvec"] != 1 or cfg["kunroll"] != 1):
+            return False
+        if cfg["vec_split"] != 1 and (va not in self.dims or cfg["nvec"] != 1):
             return False
         if not self.raxes and (cfg["kunroll"] != 1 or ta):
             return False
@@ -299,6 +327,7 @@ class LoopSpace:
         """The schedule of a parameter dict."""
         va, vw, nv = cfg.get("vec_axis") or "", int(cfg.get("vec", 1)), int(cfg.get("nvec", 1))
         ta, tile = cfg.get("tile_axis") or "", int(cfg.get("tile", 1))
+        vs = int(cfg.get("vec_split", 1))
         ku = int(cfg.get("kunroll", 1))
         splits: list[Split] = []
         outer: list[str] = []
@@ -306,7 +335,14 @@ class LoopSpace:
         unroll: list[str] = []
         vec_loop: str | None = None
         for a in self.dims:
-            if a == va and vw > 1:
+            if a == va and vw > 1 and vs > 1:
+                # a = vs*(vw*a.0 + a.1) + a.2: the residue a.2 outside, a // vs = vw*a.0 + a.1
+                # vectorized
+                splits.append(Split(a, (vw * vs, vs)))
+                outer += [f"{a}.0", f"{a}.2"]
+                inner.append(f"{a}.1")
+                vec_loop = f"{a}.1"
+            elif a == va and vw > 1:
                 if nv > 1:
                     splits.append(Split(a, (nv * vw, vw)))
                     outer.append(f"{a}.0")

@@ -136,3 +136,34 @@ def test_guard_split_into_uniform_branch_and_lane_mask():
     check(op, Schedule(splits=(Split("j", (8,)),), order=("i", "j.0", "j.1"),
                        vectorize="j.1"), atol=0)
     check(op, default_schedule(op), atol=0)
+
+
+def test_residue_split_vectorizes_stride_two_window_gradients():
+    # out[n, w] = sum_s select(w % 2 <= s, dy[n, w // 2 - s] (in range), 0): reads w only
+    # through w // 2 and w % 2, as the gradient of a stride-2 window does
+    from nfc.codegen.space import LoopSpace
+    from nfc.ir import Binary, Const, Index, Select
+
+    dy = tensor("dy", (3, 9))
+    w, s = Index("w"), Index("s")
+    q = Binary("-", Binary("//", w, Const(2)), s)
+    cond = Binary("and", Binary("and", Binary("<=", Const(0), q), Binary("<", q, Const(9))),
+                  Binary("<=", Binary("%", w, Const(2)), s))
+    op = compute({"n": 3, "w": 19}, Select(cond, ld(dy, "n", q), Const(0.0)),
+                 reduce="sum", raxes={"s": 2})
+    space = schedule_space(op)
+    assert isinstance(space, LoopSpace)
+    cfg = space.default()
+    assert cfg["vec_axis"] == "w" and cfg["vec_split"] == 2
+    sched = space.to_schedule(cfg)
+    assert sched.order.index("w.2") < sched.order.index("w.1") == len(sched.order) - 1
+    check(op, sched, atol=1e-6)
+    check(op, space.to_schedule({**cfg, "vec_split": 1}), atol=1e-6)
+
+
+def test_reordered_loops_of_a_reduction_axis_are_refused():
+    op = conv_weight_grad()
+    sched = Schedule(splits=(Split("n", (1,)),),
+                     order=("o", "c", "r", "s", "n.1", "n.0", "y", "x"))
+    with pytest.raises(ScheduleError, match="outer to inner"):
+        check(op, sched)
