@@ -140,7 +140,14 @@ def simplify_index(e: Expr, ranges: dict[str, tuple[int, int]]) -> Expr:
         rest = Affine.make([(n, k) for n, k in a.coeffs if k % c], a.const % c)
         iv = affine_interval(rest, ranges)
         if iv is None or iv[0] < 0 or iv[1] >= c:
-            return None
+            if not quot:
+                return None
+            # (c*Q + r) // c = Q + r // c and (c*Q + r) % c = r % c for floor division:
+            # the multiples of c leave the division (a lane-affine Q stays contiguous)
+            if node.op == "%":
+                return Binary("%", affine_to_expr(rest), node.b)
+            return Binary("+", affine_to_expr(Affine.make(quot, a.const // c)),
+                          Binary("//", affine_to_expr(rest), node.b))
         if node.op == "//":
             return affine_to_expr(Affine.make(quot, a.const // c))
         return affine_to_expr(rest)

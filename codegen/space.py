@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from nfc.affine import to_affine
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
 from nfc.contraction import FlatContraction, flatten, match_contraction, plain_names
@@ -269,9 +270,11 @@ class LoopSpace:
 
         def strip(e: Expr) -> Expr | None:
             if (isinstance(e, Binary) and e.op in ("//", "%") and isinstance(e.b, Const)
-                    and not e.b.is_float and isinstance(e.a, Index) and e.a.name == a):
-                found.add(int(e.b.value))
-                return Const(0)
+                    and not e.b.is_float and a in index_names(e.a)):
+                form = to_affine(e.a)  # `a` with coefficient 1, plus anything else
+                if form is not None and form.coeff(a) == 1:
+                    found.add(int(e.b.value))
+                    return Const(0)
             return None
 
         rest = self.op.body.map(strip)

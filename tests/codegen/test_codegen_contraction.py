@@ -167,3 +167,32 @@ def test_reordered_loops_of_a_reduction_axis_are_refused():
                      order=("o", "c", "r", "s", "n.1", "n.0", "y", "x"))
     with pytest.raises(ScheduleError, match="outer to inner"):
         check(op, sched)
+
+
+def test_residue_split_with_a_padding_offset_and_index_simplification():
+    # reads through (w + 1) // 2 and (w + 1) % 2 (a padded stride-2 window's gradient)
+    from nfc.codegen.lower import simplify_index
+    from nfc.codegen.space import LoopSpace
+    from nfc.ir import Binary, Const, Index, Select
+
+    q, p = Index("q"), Index("p")
+    x = Binary("+", Binary("+", Binary("*", Const(2), q), p), Const(1))
+    got = simplify_index(Binary("//", x, Const(2)), {"q": (0, 7), "p": (0, 1)})
+    assert "q" in {e.name for e in got.walk() if isinstance(e, Index)}
+    assert isinstance(got, Binary) and got.op == "+"  # q + (p + 1) // 2
+    rem = simplify_index(Binary("%", x, Const(2)), {"q": (0, 7), "p": (0, 1)})
+    assert "q" not in {e.name for e in rem.walk() if isinstance(e, Index)}
+
+    dy, k = tensor("dy", (2, 8)), tensor("k", (3,))
+    w, s = Index("w"), Index("s")
+    h = Binary("-", Binary("//", Binary("+", w, Const(1)), Const(2)), s)
+    tap = Binary("+", Binary("*", Const(2), s), Binary("%", Binary("+", w, Const(1)), Const(2)))
+    cond = Binary("and", Binary("and", Binary("<=", Const(0), h), Binary("<", h, Const(8))),
+                  Binary("<", tap, Const(3)))
+    op = compute({"n": 2, "w": 17}, Select(cond, ld(dy, "n", h) * ld(k, tap), Const(0.0)),
+                 reduce="sum", raxes={"s": 2})
+    space = schedule_space(op)
+    assert isinstance(space, LoopSpace)
+    cfg = space.default()
+    assert cfg["vec_split"] == 2
+    check(op, space.to_schedule(cfg), atol=1e-6)
