@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nfc.affine import Affine, affine_interval, affine_to_expr, interval, to_affine
@@ -397,19 +397,7 @@ def _strip_clamps(s: Stmt) -> Stmt:
     """`s` with every `Clamp(x, hi)` replaced by `x` (where no index can overshoot)."""
     def ex(e: Expr) -> Expr:
         return e.map(lambda x: ex(x.x) if isinstance(x, Clamp) else None)
-
-    if isinstance(s, Seq):
-        return Seq(tuple(_strip_clamps(x) for x in s.body))
-    if isinstance(s, For):
-        return For(s.var, s.extent, s.kind, _strip_clamps(s.body))
-    if isinstance(s, Store):
-        return Store(s.buffer, tuple(ex(i) for i in s.indices), ex(s.value), s.reduce)
-    if isinstance(s, If):
-        return If(ex(s.cond), _strip_clamps(s.then),
-                  None if s.orelse is None else _strip_clamps(s.orelse))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _strip_clamps(s.body))
-    return s
+    return map_exprs(s, ex)
 
 
 def _fuse_parallel(s: Stmt, par: list[str], consts: dict[str, int], used: set[str]) -> Stmt:
@@ -437,19 +425,22 @@ def _fuse_parallel(s: Stmt, par: list[str], consts: dict[str, int], used: set[st
 
 def map_stmt(s: Stmt, mapping: dict[str, Expr]) -> Stmt:
     """`s` with index variables replaced (in every expression and loop extent)."""
-    def ex(e: Expr) -> Expr:
-        return substitute_indices(e, mapping)
+    return map_exprs(s, lambda e: substitute_indices(e, mapping))
+
+
+def map_exprs(s: Stmt, ex: Callable[[Expr], Expr]) -> Stmt:
+    """`s` with `ex` applied to every expression and loop extent."""
     if isinstance(s, Seq):
-        return Seq(tuple(map_stmt(c, mapping) for c in s.body))
+        return Seq(tuple(map_exprs(c, ex) for c in s.body))
     if isinstance(s, For):
-        return For(s.var, ex(s.extent), s.kind, map_stmt(s.body, mapping))
+        return For(s.var, ex(s.extent), s.kind, map_exprs(s.body, ex))
     if isinstance(s, Store):
         return Store(s.buffer, tuple(ex(i) for i in s.indices), ex(s.value), s.reduce)
     if isinstance(s, If):
-        return If(ex(s.cond), map_stmt(s.then, mapping),
-                  None if s.orelse is None else map_stmt(s.orelse, mapping))
+        return If(ex(s.cond), map_exprs(s.then, ex),
+                  None if s.orelse is None else map_exprs(s.orelse, ex))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, map_stmt(s.body, mapping))
+        return Allocate(s.buffer, map_exprs(s.body, ex))
     return s
 
 

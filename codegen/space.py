@@ -24,7 +24,7 @@ from typing import Any
 from nfc.affine import to_affine
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
-from nfc.contraction import FlatContraction, flatten, match_contraction, plain_names
+from nfc.contraction import flatten, match_contraction, plain_names
 from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, index_names
 
 #: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
@@ -61,7 +61,7 @@ def match_gemm(op: ComputeOp) -> GemmPattern | None:
     """The GEMM roles of `op`, or None when it is not `sum_k A[.., i, .., k] * B[.., k, .., j]`
     with single axes i, j, k (nfc.contraction: other output axes are batch loops, other
     reduction axes outer reduction loops). A contraction over runs of axes (a convolution over
-    gathered columns) is matched on its flattened view: see `gemm_view`."""
+    gathered columns) is matched on its flattened view (nfc.contraction.flatten)."""
     c = match_contraction(op)
     if c is None or not c.is_gemm:
         return None
@@ -72,12 +72,6 @@ def match_gemm(op: ComputeOp) -> GemmPattern | None:
     assert na is not None and nb is not None
     return GemmPattern(c.i[0], c.j[0], c.k[0], c.batch, a, b, na.index(c.i[0]),
                        nb.index(c.j[0]), c.kouter)
-
-
-def gemm_view(op: ComputeOp) -> FlatContraction | None:
-    """The flattened view of a contraction over runs of axes (None for a plain GEMM or no
-    contraction); its schedules name the merged axes (`FlatContraction.names`)."""
-    return flatten(op)
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -401,7 +395,7 @@ def schedule_space(op: ComputeOp, target: CpuTarget | None = None) -> GemmSpace 
     p = match_gemm(op)
     if p is not None:
         return GemmSpace(op, p, target)
-    view = gemm_view(op)
+    view = flatten(op)
     if view is not None:
         fp = match_gemm(view.op)
         assert fp is not None, "a flattened contraction is a GEMM"
@@ -420,4 +414,4 @@ def default_schedule(op: ComputeOp, target: CpuTarget | None = None) -> Schedule
 
 
 __all__ = ["SCHEDULE_VERSION", "GemmPattern", "GemmSpace", "LoopSpace", "default_schedule",
-           "gemm_view", "match_gemm", "schedule_space"]
+           "match_gemm", "schedule_space"]

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from nfc.ir import Axis, Binary, ComputeOp, Expr, Index, Load, TensorType, Value
 
-__all__ = ["Contraction", "FlatContraction", "flatten", "match_contraction", "plain_names"]
+__all__ = ["Contraction", "FlatContraction", "flatten", "longest_run", "match_contraction",
+           "plain_names"]
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,12 @@ def _runs(seq: list[str], ok: set[str], other: list[str] | None) -> list[tuple[s
     return out
 
 
-def _best(runs: list[tuple[str, ...]]) -> tuple[str, ...] | None:
-    best: tuple[str, ...] | None = None
-    for r in runs:  # the longest; of equals, the later
-        if best is None or len(r) >= len(best):
+def longest_run(seq: list[str], members: set[str], other: list[str] | None = None
+                ) -> tuple[str, ...]:
+    """The longest run of `_runs(seq, members, other)` (of equals, the later); () if none."""
+    best: tuple[str, ...] = ()
+    for r in _runs(seq, members, other):
+        if len(r) >= len(best):
             best = r
     return best
 
@@ -113,11 +116,11 @@ def match_contraction(op: ComputeOp) -> Contraction | None:
         else:
             break
     a_only = (sa - sb) - set(j)
-    i = _best([r for r in _runs(dims, a_only, na) if r])
-    if i is None:
+    i = longest_run(dims, a_only, na)
+    if not i:
         return None
-    k = _best(_runs(na, set(red), nb))
-    assert k is not None
+    k = longest_run(na, set(red), nb)
+    assert k
     kouter = tuple(r for r in red if r not in k)
     batch = tuple(d for d in dims if d not in i and d not in j)
     return Contraction(la, lb, i, tuple(j), k, kouter, batch)

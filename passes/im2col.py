@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.contraction import match_contraction, plain_names
+from nfc.contraction import longest_run, match_contraction, plain_names
 from nfc.ir import (
     Axis,
     Binary,
@@ -106,19 +106,6 @@ def _gather_load(e: Expr) -> Load | None:
     return None
 
 
-def _longest_run(seq: list[str], members: set[str]) -> tuple[str, ...]:
-    best: tuple[str, ...] = ()
-    cur: list[str] = []
-    for name in [*seq, ""]:
-        if name in members:
-            cur.append(name)
-            continue
-        if cur and len(cur) >= len(best):
-            best = tuple(cur)
-        cur = []
-    return best
-
-
 def im2col_compute(op: ComputeOp, *, min_m: int = 4, min_k: int = 8,
                    max_elements: int = 1 << 26) -> ComputeOp | None:
     """Split convolution `op` in place into a column gather (returned, to be placed before
@@ -155,7 +142,7 @@ def im2col_compute(op: ComputeOp, *, min_m: int = 4, min_k: int = 8,
     n = math.prod(ext[d] for d in j_axes)
     if m < min_m or k < min_k or n * k > max_elements:
         return None
-    run = _longest_run(dims, set(j_axes))
+    run = longest_run(dims, set(j_axes))
     k_order = [x for x in wn if x in red]  # the weight's order: its reads stay contiguous
     cols_axes = [d for d in j_axes if d not in run] + k_order + list(run)
     x = ld.tensor

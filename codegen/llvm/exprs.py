@@ -10,6 +10,7 @@ store) are masked, so a lane that is switched off never touches memory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from llvmlite import ir
@@ -305,7 +306,8 @@ class ExprEmitter:
                     isinstance(x, BufLoad) for x in e.b.walk()) and any(
                     isinstance(x, BufLoad) for x in e.a.walk()):
                 lane = [p for p in parts if self.lane_dependent(p)]
-                return self.select(Select(_all(uni), Select(_all(lane), e.a, e.b), e.b), dt)
+                return self.select(Select(_conjunction(uni), Select(_conjunction(lane), e.a, e.b),
+                                          e.b), dt)
         cond = self.value(e.cond, DType.I1)
         known = const_ints(cond)
         if known is not None and len(set(known)) == 1:  # the same side for every lane
@@ -554,8 +556,5 @@ def _conjuncts(e: Expr) -> list[Expr]:
     return [e]
 
 
-def _all(parts: list[Expr]) -> Expr:
-    out = parts[0]
-    for p in parts[1:]:
-        out = Binary("and", out, p)
-    return out
+def _conjunction(parts: list[Expr]) -> Expr:
+    return functools.reduce(lambda x, y: Binary("and", x, y), parts)
