@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from nfc.fsutil import atomic_output
+
 DATASETS = ("digits", "mnist1d", "text", "synthetic")
 
 
@@ -116,10 +118,8 @@ def mnist1d() -> Dataset:
                             "pip install mnist1d") from None
         d = make_dataset(get_dataset_args())
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_output(path) as fh:  # concurrent first runs each write a whole file
             np.savez(fh, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
-        os.replace(tmp, path)
     with np.load(path, allow_pickle=False) as z:
         return Dataset("mnist1d", z["x"].astype(np.float32), z["y"].astype(np.int32),
                        z["x_test"].astype(np.float32), z["y_test"].astype(np.int32), 10)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nfc.fsutil import atomic_write
 from nfc.runtime import adapters
 from nfc.runtime import checkpoint as ckpt
 from nfc.runtime import data as datasets
@@ -55,6 +56,9 @@ class TrainConfig:
     every: int = 0
     """Checkpoint every this many steps (0: at the end of every epoch)."""
     resume: bool = False
+    overwrite: bool = False
+    """Start from scratch in a checkpoint directory that already holds checkpoints (which
+    this run's checkpoints then replace); without it such a run is refused."""
     profile: bool = False
     trace: str | None = None
     threads: int | None = None
@@ -220,7 +224,7 @@ def _metrics_file(path: str | None, resume_step: int | None):
                 continue
             if int(rec.get("step", 0)) <= resume_step and rec.get("event") != "final":
                 kept.append(line)
-        p.write_text("".join(x + "\n" for x in kept))
+        atomic_write(p, "".join(x + "\n" for x in kept).encode())
         return open(p, "a", encoding="utf-8")
     p.parent.mkdir(parents=True, exist_ok=True)
     return open(p, "w", encoding="utf-8")
@@ -273,6 +277,57 @@ def _open_model(cfg: TrainConfig) -> _Opened:
     return _Opened(model, forward, time.perf_counter() - t0, cached)
 
 
+def _find_checkpoint(cfg: TrainConfig, model: Model) -> ckpt.Loaded | None:
+    """The checkpoint `--resume` continues from (verified against the model, falling back
+    past damaged ones with a warning), or None to start from scratch."""
+    if not cfg.resume:
+        if cfg.checkpoint and (found := ckpt.checkpoints(cfg.checkpoint)):
+            if not cfg.overwrite:  # never delete a user's checkpoints without being told to
+                raise TrainError(
+                    f"'{cfg.checkpoint}' already holds checkpoints (the newest "
+                    f"'{found[0].name}'): pass --resume to continue from them, or "
+                    "--overwrite-checkpoints to start from scratch and replace them")
+            cfg.log(f"nfc: warning: '{cfg.checkpoint}' already holds checkpoints (the newest "
+                    f"'{found[0].name}'); this run starts from scratch and its checkpoints "
+                    "replace them")
+        return None
+    if not cfg.checkpoint:
+        raise TrainError("--resume needs --checkpoint DIR")
+    expect = {n: (a.shape, a.dtype) for n, a in model.tensors.items()}
+    loaded = ckpt.load_latest(cfg.checkpoint, expect, warn=cfg.log)
+    if loaded is None:
+        cfg.log(f"nfc: no checkpoint in '{cfg.checkpoint}' yet; starting from scratch")
+    return loaded
+
+
+def _restore(cfg: TrainConfig, model: Model, order: datasets.BatchOrder, loaded: ckpt.Loaded,
+             batch: int) -> None:
+    """Put the model and the batch order where the checkpoint left them."""
+    info = loaded.info
+    if info.get("data") != cfg.data or info.get("seed") != cfg.seed:
+        raise TrainError(f"checkpoint '{loaded.path}' was made with --data {info.get('data')} "
+                         f"--seed {info.get('seed')}; resume with the same options")
+    if info.get("batch", batch) != batch:
+        raise TrainError(f"checkpoint '{loaded.path}' was made with batch {info['batch']}, "
+                         f"this model has batch {batch}; resume with the same options")
+    try:
+        order.restore(info["order"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointCorrupt(f"checkpoint '{loaded.path}' has no usable batch order "
+                                     f"({type(exc).__name__}: {exc})") from None
+    if not 0 <= order.pos <= order.batches_per_epoch:
+        raise TrainError(f"checkpoint '{loaded.path}' is at batch {order.pos} of an epoch of "
+                         f"{order.batches_per_epoch}: made with other data; resume with the "
+                         "same options")
+    try:
+        model.load_state_dict(loaded.tensors)
+    except ArtifactError as exc:  # load_latest checked the tensors: a bug if reached
+        raise AssertionError(f"checkpoint '{loaded.path}' passed its checks but: {exc}"
+                             ) from None
+    model.seed = cfg.seed
+    model.step = loaded.step
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Run the training loop described by `cfg` (see the module doc)."""
     from nfc.runtime.profile import Profiler
@@ -296,28 +351,11 @@ def train(cfg: TrainConfig) -> TrainResult:
                 f"{inputs.describe()}")
     order = datasets.BatchOrder(len(ds.x_train), batch, cfg.seed)
     resume_step = None
-    if cfg.resume:
-        if not cfg.checkpoint:
-            raise TrainError("--resume needs --checkpoint DIR")
-        last = ckpt.latest(cfg.checkpoint)
-        if last is None:
-            cfg.log(f"nfc: no checkpoint in '{cfg.checkpoint}' yet; starting from scratch")
-    else:
-        last = None
-    if last is not None:
-        tensors, info = ckpt.load(last)
-        try:
-            model.load_state_dict(tensors)
-        except ArtifactError as exc:
-            raise TrainError(f"checkpoint '{last}' does not fit this model: {exc}") from None
-        if info.get("data") != cfg.data or info.get("seed") != cfg.seed:
-            raise TrainError(f"checkpoint '{last}' was made with --data {info.get('data')} "
-                             f"--seed {info.get('seed')}; resume with the same options")
-        order.restore(info["order"])
-        model.seed = cfg.seed
-        model.step = int(info["step"])
+    loaded = _find_checkpoint(cfg, model)
+    if loaded is not None:
+        _restore(cfg, model, order, loaded, batch)
         resume_step = model.step
-        cfg.log(f"nfc: resumed from {last} (step {model.step}, epoch {order.epoch})")
+        cfg.log(f"nfc: resumed from {loaded.path} (step {model.step}, epoch {order.epoch})")
     else:
         model.init(cfg.seed)
     metrics = _metrics_file(cfg.metrics, resume_step)
@@ -335,9 +373,12 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     def save() -> None:
         if cfg.checkpoint:
+            if metrics is not None:  # what was logged up to the checkpoint survives a kill
+                metrics.flush()
             ckpt.save(cfg.checkpoint, model.step, model.tensors,
-                      {"seed": cfg.seed, "data": cfg.data, "order": order.state(),
-                       "epoch": order.epoch, "source": os.path.basename(cfg.source)},
+                      {"seed": cfg.seed, "data": cfg.data, "batch": batch,
+                       "order": order.state(), "epoch": order.epoch,
+                       "source": os.path.basename(cfg.source)},
                       keep=cfg.keep)
 
     def log(rec: dict[str, Any]) -> None:

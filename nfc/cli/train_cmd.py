@@ -56,8 +56,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--checkpoint", metavar="DIR", help="save checkpoints in DIR")
     p.add_argument("--every", type=int, default=0, metavar="N",
                    help="checkpoint every N steps (default: every epoch)")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--keep", type=int, default=3,
+                   help="checkpoints kept (default 3; 0: all)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest intact checkpoint in --checkpoint DIR")
+    p.add_argument("--overwrite-checkpoints", action="store_true",
+                   help="start from scratch even if --checkpoint DIR holds checkpoints "
+                        "(they are replaced)")
     p.add_argument("--profile", action="store_true", help="per-kernel time table")
     p.add_argument("--trace", metavar="FILE.json",
                    help="with --profile: Chrome trace path (default nfc-trace.json)")
@@ -85,6 +90,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train and print a summary."""
     from nfc.runtime.build import SettingError
+    from nfc.runtime.checkpoint import CheckpointError
     from nfc.runtime.data import DataError
     from nfc.runtime.loader import ArtifactError
     from nfc.runtime.train import TrainConfig, TrainError, train
@@ -96,11 +102,14 @@ def run(args: argparse.Namespace) -> int:
     epochs = args.epochs or (UNTIL_MAX_STEPS if args.max_steps else 1)
     if args.every < 0:
         raise UsageError("--every must be >= 0")
+    if args.keep < 0:
+        raise UsageError("--keep must be >= 0 (0 keeps every checkpoint)")
     cfg = TrainConfig(
         source=args.file, data=args.data, resize=args.resize, epochs=epochs,
         batch=args.batch, lr=args.lr,
         seed=args.seed, settings=tuple(args.settings), metrics=args.metrics, plot=args.plot,
         checkpoint=args.checkpoint, every=args.every, resume=args.resume,
+        overwrite=args.overwrite_checkpoints,
         profile=args.profile, trace=(args.trace or "nfc-trace.json") if args.profile else None,
         threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with _sleeping_omp_threads():
             res = train(cfg)
-    except (TrainError, DataError, ArtifactError, SettingError) as exc:
+    except (TrainError, DataError, ArtifactError, SettingError, CheckpointError) as exc:
         raise UsageError(str(exc)) from None
     losses = res.losses
     how = "cached" if res.cached else "built"
