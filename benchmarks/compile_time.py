@@ -118,7 +118,7 @@ def _child_phases(path: str, out: str) -> None:
     T.wrap(llvm, "parse_assembly", "llvm_opt")
     T.wrap(llvm.ModulePassManager, "run", "llvm_opt")
     T.wrap(llvm.TargetMachine, "emit_object", "codegen")
-    T.wrap(native, "link_shared", "link")
+    T.wrap(native, "link_bytes", "link")
     # printing the llvmlite module is part of building LLVM IR
     from llvmlite import ir
     T.wrap(ir.Module, "__repr__", "emit")

@@ -1,11 +1,12 @@
 """Ahead-of-time compilation: LLVM module to object file to shared library.
 
 `emit_object(module)` optimises an llvmlite module for the target and returns the object code;
-`link_shared(objects, path)` links objects with the system `cc` into a shared library
-(`-lgomp` for parallel loops, `-lm` for libm calls). `build_shared(kernels, path)` does both
-for a few kernels, for tests and small tools; the whole-model artifact builder uses the first
-two with its own entry functions in the same module.
-"""
+`link_bytes(objects)` links objects with the system `cc` into a shared library (`-lgomp` for
+parallel loops, `-lm` for libm calls) and returns its bytes; `link_shared(objects, path)` writes
+those to `path` atomically. `build_shared(kernels, path)` emits, compiles and links a few
+kernels, for tests and small tools; the whole-model artifact builder uses `emit_object` and
+`link_bytes` with its own entry functions, then seals the library with its metadata
+(nfc.codegen.artifact.container)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def find_cc() -> str:
     raise LinkError("no C compiler found (set CC, or install gcc)")
 
 
-def link_shared(objects: Sequence[bytes | str], path: str, *,
-                libs: Sequence[str] = ("gomp", "m")) -> str:
-    """Link object code (bytes, or paths of .o files) into the shared library `path`."""
+def link_bytes(objects: Sequence[bytes | str], *,
+               libs: Sequence[str] = ("gomp", "m")) -> bytes:
+    """Link object code (bytes, or paths of .o files) into a shared library; returns its
+    bytes. Everything happens in a private temporary directory, so concurrent links never
+    share a file."""
     with tempfile.TemporaryDirectory(prefix="nfc-link-") as tmp:
         files = []
         for n, obj in enumerate(objects):
@@ -57,13 +60,24 @@ def link_shared(objects: Sequence[bytes | str], path: str, *,
                 files.append(f)
             else:
                 files.append(obj)
-        out = os.path.abspath(path)
-        partial = out + ".tmp"
-        cmd = [find_cc(), "-shared", "-o", partial, *files, *(f"-l{x}" for x in libs)]
+        out = os.path.join(tmp, "out.so")
+        cmd = [find_cc(), "-shared", "-o", out, *files, *(f"-l{x}" for x in libs)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise LinkError(f"{' '.join(cmd)} failed:\n{res.stderr}")
-        os.replace(partial, out)  # never leave a half-written library behind
+        with open(out, "rb") as fh:
+            return fh.read()
+
+
+def link_shared(objects: Sequence[bytes | str], path: str, *,
+                libs: Sequence[str] = ("gomp", "m")) -> str:
+    """Link object code into the shared library `path`, written atomically (a unique
+    temporary name, then a rename: never half a library, even with concurrent writers)."""
+    from nfc.codegen.artifact.container import default_mode
+    from nfc.fsutil import atomic_write
+
+    out = os.path.abspath(path)
+    atomic_write(out, link_bytes(objects, libs=libs), default_mode())
     return out
 
 

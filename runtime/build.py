@@ -13,20 +13,23 @@ this machine (nfc.runtime.tuning: `apply_cached_schedules`; `tuning=False` skips
 `--set k=v` settings are model parameters (`batch=32`), or optimizer hyperparameters spelled
 `opt.<name>` (`opt.lr=0.01`, `opt.name=adam`). Built libraries are cached by the hash of the
 final IR, the target CPU and the build options (`NFC_CACHE_DIR`, default ~/.cache/nfc), so
-training the same model again skips LLVM.
+training the same model again skips LLVM; a cached library is checked before use and rebuilt
+when damaged (`build_library`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nfc import __version__
+from nfc.fsutil import private_dir, remove_stale_temporaries
 from nfc.ir import Module
 from nfc.verifier import verify
 
@@ -105,7 +108,7 @@ def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
         needs_separate_eval,
     )
 
-    module = compile_file(p, params=dict(params or {}), training=True)
+    module = compile_file(p, params=dict(params or {}), training=True, require_model=True)
     _apply_optimizer(module, optimizer or {})
     if not module.has_func("forward"):
         return module
@@ -189,35 +192,66 @@ class Built:
 def build_library(module: Module, output: str | None = None, *, profile: bool = False,
                   use_cache: bool = True, functions: Sequence[str] | None = None) -> Built:
     """Compile `module` (already through the pipeline) into a shared library at `output` (or
-    in the cache when None)."""
+    in the cache when None).
+
+    Cached libraries are checked (trailer and SHA-256, nfc.codegen.artifact.container) before
+    they are used; a damaged one is reported on stderr, deleted and built again. The cache
+    directory is private (0700) and its files 0600; every write is atomic (a unique temporary
+    name, then a rename), so concurrent builds of one model never see half a library."""
     from nfc.codegen.cpu import host_target
+    from nfc.fsutil import atomic_write
 
     target = host_target()
     key = module_key(module, profile=profile, target_key=target.key(), functions=functions)
     cached = _cache_dir() / f"{key}.so"
-    if use_cache and cached.exists():
-        if output is None:
-            return Built(str(cached), module, cached=True)
-        tmp = output + ".tmp"
-        shutil.copyfile(cached, tmp)
-        os.replace(tmp, output)
-        return Built(output, module, cached=True)
+    if use_cache:
+        with contextlib.suppress(OSError):  # also closes a directory an older nfc left open
+            private_dir(cached.parent)
+        data = _cached_library(cached)
+        if data is not None:
+            if output is None:
+                return Built(str(cached), module, cached=True)
+            atomic_write(output, data, _output_mode())
+            return Built(output, module, cached=True)
     from nfc.codegen.artifact import build_artifact
 
     art = build_artifact(module, functions=functions, target=target, profile=profile)
-    dest = output or str(cached)
-    if output is None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-    art.write_shared(dest)
-    if use_cache and output is not None:
+    data = art.link()
+    if output is not None:
+        atomic_write(output, data, _output_mode())
+    if use_cache or output is None:
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = str(cached) + f".{os.getpid()}.tmp"
-            shutil.copyfile(output, tmp)
-            os.replace(tmp, cached)
+            private_dir(cached.parent)
+            atomic_write(cached, data, 0o600)
+            remove_stale_temporaries(cached.parent)  # left by killed builds
         except OSError:
-            pass  # the cache is an optimisation only
-    return Built(dest, module, art)
+            if output is None:
+                raise
+            # with an output of its own, the cache is an optimisation only
+    return Built(output or str(cached), module, art)
+
+
+def _output_mode() -> int:
+    from nfc.codegen.artifact.container import default_mode
+
+    return default_mode()
+
+
+def _cached_library(path: Path) -> bytes | None:
+    """The checked bytes of a cached library, or None: missing, or damaged (then reported
+    and deleted, so that it is built again)."""
+    from nfc.codegen.artifact.container import ArtifactFileError, read_artifact
+
+    try:
+        return read_artifact(path).data
+    except FileNotFoundError:
+        return None
+    except (ArtifactFileError, OSError) as exc:
+        print(f"nfc: warning: cached library unusable: {exc}; building it again",
+              file=sys.stderr)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
 
 
 def apply_tuning(module: Module) -> str:
@@ -234,6 +268,7 @@ def compile_model(source: str | Path, output: str | None = None, *,
                   fuse: bool = True, im2col: bool = True) -> Built:
     """Front end, im2col (unless False), autodiff, pipeline, tuned schedules, fusion (unless
     `fuse` is False) and artifact for the model file `source`."""
+    check_model_source(source)
     params, opt = parse_settings(settings)
     module = model_module(source, params, opt, im2col=im2col)
     run_pipeline(module, pipeline)
@@ -245,15 +280,38 @@ def compile_model(source: str | Path, output: str | None = None, *,
     return built
 
 
+def check_model_source(source: str | Path) -> None:
+    """Raise ArtifactError when `source` is a library or other binary data rather than a
+    model file, before the frontend would read it as `.nf` text (`nfc train libm.so.6`)."""
+    from nfc.codegen.artifact.container import ArtifactFileError, file_kind, read_artifact
+    from nfc.runtime.loader import ArtifactError
+
+    try:
+        kind = file_kind(source)
+    except OSError:
+        return  # the frontend reports a missing or unreadable file
+    if kind == "binary":
+        raise ArtifactError(f"'{source}' is neither an nfc artifact nor a model file "
+                            "(binary data)")
+    if kind in ("artifact", "elf"):
+        try:
+            read_artifact(source)
+        except (ArtifactFileError, OSError) as exc:
+            raise ArtifactError(str(exc)) from None
+        raise ArtifactError(f"'{source}' is a compiled nfc artifact, not a model file; "
+                            "name it *.so to use it here")
+
+
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
                use_cache: bool = True, pipeline: str = DEFAULT_PIPELINE, tuning: bool = True,
                log: Any = None, fuse: bool = True, im2col: bool = True):  # -> Model
     """A loaded model from a `.so` (settings must be empty) or a model file (compiled;
     `log(line)` hears which tuned schedules were used)."""
+    from nfc.codegen.artifact.container import is_library_path
     from nfc.runtime.loader import load
 
     src = str(source)
-    if src.endswith(".so"):
+    if is_library_path(src):  # by name or by content: never parse a library as .nf
         if settings:
             raise SettingError("--set applies when compiling; a .so is already compiled")
         return load(src)

@@ -1,8 +1,13 @@
 """`nfc.load(path)`: open a compiled model (`nfc compile model.nf -o model.so`) with ctypes.
 
-The library is checked before anything runs: its ABI version (the exported function and the
-metadata must both equal `ABI_VERSION`) and the CPU features it was compiled for (every one
-must be present on this host; a library built for AVX-512 would otherwise die of SIGILL).
+The file is checked before any of its code runs: its trailer (nfc.codegen.artifact.container)
+must be intact and its SHA-256 must match, so a truncated, damaged or foreign file is a clear
+`ArtifactError` instead of SIGBUS or a constructor run from a stranger's library. The
+metadata then gives the ABI version (it and the exported `nfc_abi_version()` must both equal
+`ABI_VERSION`) and the CPU features the library was compiled for (every one must be present on
+this host; a library built for AVX-512 would otherwise die of SIGILL). Only then is the library
+mapped, from a private copy of the very bytes that were checked (`read_metadata` alone maps
+nothing).
 
 A `Model` owns the model's persistent tensors (parameters, state, optimizer state) as
 64-byte-aligned numpy arrays; the native entries read and update them in place, zero-copy:
@@ -21,15 +26,17 @@ the calls of functions that update tensors in place.
 from __future__ import annotations
 
 import ctypes
-import json
+import itertools
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nfc.codegen.artifact.container import Sealed
 
 #: The ABI this loader speaks (nfc.codegen.artifact.build.ABI_VERSION).
 ABI_VERSION = 1
@@ -88,53 +95,74 @@ class TensorSpec:
                           np.dtype(_DTYPES[d["dtype"]]), str(d.get("role", "")))
 
 
-_loaded: dict[str, tuple[int, int, int]] = {}
+_copies = itertools.count()
 
 
-def _open_library(path: str) -> ctypes.CDLL:
-    """dlopen `path`; a file replaced since this process loaded that path is loaded from a
-    private copy, because dlopen would hand back the old library of the same name."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-    target = real
-    if _loaded.get(real, stamp) != stamp:
-        fd, target = tempfile.mkstemp(suffix=".so", prefix="nfc-")
-        os.close(fd)
-        shutil.copyfile(real, target)
-    else:
-        _loaded[real] = stamp
+def _open_library(path: str, elf: bytes) -> ctypes.CDLL:
+    """dlopen the checked library bytes `elf` of `path` from a private copy.
+
+    Mapping a copy means what runs is what was checked, whatever happens to `path` later (a
+    rewrite in place, a truncation). The copy's name is new for every load in this process
+    (its counter): dlopen hands back an already loaded library of the same name, and the
+    mapping keeps the unlinked copy's inode, so its number is not reused either."""
+    fd, copy = tempfile.mkstemp(prefix=f"nfc-{os.getpid()}-{next(_copies)}-", suffix=".so")
     try:
-        return ctypes.CDLL(target, mode=ctypes.RTLD_LOCAL)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(elf)
+        return ctypes.CDLL(copy, mode=ctypes.RTLD_LOCAL)
     except OSError as exc:
         raise ArtifactError(f"cannot load '{path}': {exc}") from None
     finally:
-        if target != real:
-            os.unlink(target)
+        os.unlink(copy)
 
 
-def read_metadata(lib: ctypes.CDLL, path: str) -> dict[str, Any]:
-    """The metadata of a loaded library, checked for the ABI version."""
+def _sealed(path: str) -> Sealed:
+    """The checked content of the artifact file `path` (nfc.codegen.artifact.container)."""
+    from nfc.codegen.artifact.container import ArtifactFileError, read_artifact
+
+    if not os.path.exists(path):
+        raise ArtifactError(f"no such file: '{path}'")
+    if os.path.isdir(path):
+        raise ArtifactError(f"'{path}' is a directory, not an nfc artifact")
+    try:
+        return read_artifact(path)
+    except ArtifactFileError as exc:
+        raise ArtifactError(str(exc)) from None
+    except OSError as exc:
+        raise ArtifactError(f"cannot read '{path}': {exc.strerror or exc}") from None
+
+
+def check_metadata(meta: Mapping[str, Any], path: str) -> None:
+    """Raise ArtifactError unless the metadata has this loader's ABI version and the fields
+    it needs."""
+    if meta.get("abi_version") != ABI_VERSION:
+        raise ArtifactError(f"'{path}' metadata says ABI version {meta.get('abi_version')} but "
+                            f"this nfc loads version {ABI_VERSION}; recompile it")
+    missing = [k for k in ("functions", "tensors", "target") if k not in meta]
+    if missing:
+        raise ArtifactError(f"'{path}' has incomplete metadata (no {', '.join(missing)})")
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checked metadata of the artifact at `path`, without loading the library (nothing
+    of it runs): for `nfc run --info` and `nfc compile --emit=header`."""
+    p = os.fspath(path)
+    meta = _sealed(p).metadata
+    check_metadata(meta, p)
+    return meta
+
+
+def _check_abi(lib: ctypes.CDLL, path: str) -> None:
+    """The library's own `nfc_abi_version()` must agree with its metadata."""
     try:
         abi = lib.nfc_abi_version
-        meta_fn = lib.nfc_metadata
     except AttributeError:
-        raise ArtifactError(f"'{path}' is not an nfc artifact (no nfc_abi_version/"
-                            "nfc_metadata)") from None
+        raise ArtifactError(f"'{path}' is not an nfc artifact (no nfc_abi_version)") from None
     abi.restype = ctypes.c_int32
-    meta_fn.restype = ctypes.c_char_p
     version = int(abi())
     if version != ABI_VERSION:
         raise ArtifactError(f"'{path}' has ABI version {version} but this nfc loads version "
                             f"{ABI_VERSION}; recompile it with `nfc compile`")
-    try:
-        meta = json.loads(meta_fn().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"'{path}' has unreadable metadata: {exc}") from None
-    if meta.get("abi_version") != ABI_VERSION:
-        raise ArtifactError(f"'{path}' metadata says ABI version {meta.get('abi_version')} but "
-                            f"this nfc loads version {ABI_VERSION}; recompile it")
-    return meta
 
 
 def check_cpu(meta: Mapping[str, Any], path: str, host: set[str] | None = None) -> None:
@@ -166,7 +194,12 @@ class Function:
         self.inputs = [a for a in self.args if a.role not in ("param", "state", "opt_state",
                                                               "rng")]
         self._fn = _Entry(ctypes.cast(model.symbol(meta["symbol"]), ctypes.c_void_p).value)
-        self.arena = aligned_empty((max(int(meta["arena_bytes"]), 1),), np.uint8)
+        nbytes = max(int(meta["arena_bytes"]), 1)
+        try:
+            self.arena = aligned_empty((nbytes,), np.uint8)
+        except MemoryError:
+            raise ArtifactError(f"'{model.path}': {name} needs an arena of {nbytes:,} bytes, "
+                                "more memory than this process can allocate") from None
         self._argv = (ctypes.c_void_p * max(1, len(self.args)))()
         self._outv = (ctypes.c_void_p * max(1, len(self.outputs)))()
         self._argv_addr = ctypes.addressof(self._argv)
@@ -382,10 +415,11 @@ class Model:
 def load(path: str | os.PathLike[str], *, check_cpu_features: bool = True) -> Model:
     """Open the artifact at `path` (see the module doc)."""
     p = os.fspath(path)
-    if not os.path.exists(p):
-        raise ArtifactError(f"no such file: '{p}'")
-    lib = _open_library(p)
-    meta = read_metadata(lib, p)
+    sealed = _sealed(p)
+    meta = sealed.metadata
+    check_metadata(meta, p)
     if check_cpu_features:
         check_cpu(meta, p)
+    lib = _open_library(p, sealed.elf)
+    _check_abi(lib, p)
     return Model(p, lib, meta)

@@ -240,13 +240,14 @@ class _Opened:
 
 
 def _open_model(cfg: TrainConfig) -> _Opened:
+    from nfc.codegen.artifact.container import is_library_path
     from nfc.runtime.build import compile_model, load_model
     from nfc.runtime.loader import load
 
     settings = list(cfg.settings)
     t0 = time.perf_counter()
     forward = None
-    if cfg.source.endswith(".so"):
+    if is_library_path(cfg.source):
         if settings:
             raise TrainError("--set applies when compiling a model file, not to a .so")
         if cfg.lr is not None:

@@ -14,8 +14,9 @@ Exported C ABI (ABI_VERSION 1; every symbol starts with `nfc_`):
 `nfc_<f>` runs a whole step: its kernels in order (each a `void k(void **buffers)` of
 nfc.codegen), then the copies of the plan (nfc.codegen.artifact.plan). `args` has one pointer
 per IR argument, `outs` one per result not updated in place; buffers are C-contiguous, 64-byte
-alignment is best (not required). `arena` may be NULL: the library then uses a static arena of
-its own (so concurrent calls of one entry need arenas of their own, `nfc_<f>_arena_bytes()`).
+alignment is best (not required). `arena` may be NULL: the library then uses an arena of its
+own, allocated on the first such call (so concurrent calls of one entry need arenas of their
+own, `nfc_<f>_arena_bytes()`).
 A profiled build (`profile=True`) reads CLOCK_MONOTONIC around every kernel call and stores
 the start and end (ns) of kernel k of the latest call at `nfc_<f>_profile()[2k]` and `[2k+1]`.
 """
@@ -23,6 +24,7 @@ the start and end (ns) of kernel k of the latest call at `nfc_<f>_profile()[2k]`
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,10 @@ from nfc.ir import ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
 ABI_VERSION = 1
 #: Roles of arguments that persist across steps (the model's state, held by the runtime).
 PERSISTENT_ROLES = ("param", "state", "opt_state")
+#: Most bytes of static data (metadata, profile counters) a library may hold: the code
+#: addresses it with 32-bit PC-relative offsets, which reach 2 GiB; 1 GiB leaves room for the
+#: code and the relocation slack.
+STATIC_DATA_LIMIT = 1 << 30
 #: LLVM pipeline of the entry module (entries, `nfc_init`, metadata): glue code whose speed does
 #: not matter, but whose long blocks of pointer stores cost O3's SLP vectorizer seconds
 #: (2.9 s for ResNet-18's entries; 0.1 s with this).
@@ -106,9 +112,11 @@ class Artifact:
 
         return "\n".join(f"// {sym}\n{print_loops(k.loops)}" for sym, k in self.kernels.items())
 
-    def write_shared(self, path: str, jobs: int | None = None) -> str:
-        """Object code for every distinct kernel (from the object cache, else compiled in
-        `jobs` processes), the entry module's, and the shared library `path` (atomic)."""
+    def link(self, jobs: int | None = None) -> bytes:
+        """The bytes of the artifact file: object code for every distinct kernel (from the
+        object cache, else compiled in `jobs` processes) and the entry module's, linked into
+        a shared library and sealed with the metadata (nfc.codegen.artifact.container)."""
+        from nfc.codegen.artifact.container import seal
         from nfc.codegen.artifact.parallel import compile_text, default_jobs
         from nfc.codegen.native import LinkError
 
@@ -127,24 +135,39 @@ class Artifact:
         ks = self.kernel_set
         objs = ks.objects(jobs, before=[compile_entry])
         try:
-            return self._link(entry + objs, path)
+            elf = self._link(entry + objs)
         except LinkError:
             if not ks.stats.get("cache_hits"):
                 raise
-            # a damaged cached object: compile everything afresh (overwriting the cache)
-            return self._link(entry + ks.objects(jobs, refresh=True), path)
+            # a cached object that passed its checksum but that the linker refuses (written
+            # by a broken compiler?): compile everything afresh, overwriting the cache
+            elf = self._link(entry + ks.objects(jobs, refresh=True))
         finally:
             self.stats.update(ks.stats)
+        return seal(elf, self.metadata)
 
-    def _link(self, objects: list[bytes | str], path: str) -> str:
-        from nfc.codegen.native import link_shared
+    def write_shared(self, path: str, jobs: int | None = None, *,
+                     mode: int | None = None) -> str:
+        """Link (`link`) and write the artifact to `path` atomically (a unique temporary
+        name, then a rename; `mode`: permission bits, default from the umask); returns the
+        absolute path."""
+        from nfc.codegen.artifact.container import default_mode
+        from nfc.fsutil import atomic_write
+
+        data = self.link(jobs)
+        out = os.path.abspath(path)
+        atomic_write(out, data, default_mode() if mode is None else mode)
+        return out
+
+    def _link(self, objects: list[bytes]) -> bytes:
+        from nfc.codegen.native import link_bytes
 
         t0 = time.perf_counter()
-        out = link_shared(objects, path)
+        elf = link_bytes(objects)
         self.stats["link"] = self.stats.get("link", 0.0) + time.perf_counter() - t0
         if self.kernel_set.cache is not None and self.kernel_set.stats.get("cache_misses"):
             self.kernel_set.cache.prune()
-        return out
+        return elf
 
 
 ScheduleFn = Callable[[Op], Any]
@@ -231,6 +254,9 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
         if not f.name.isidentifier():
             raise CompileError(error(f"function name '{f.name}' is not a C identifier",
                                      f.loc).diagnostics)
+    from nfc.codegen.space import check_schedule_attrs
+
+    check_schedule_attrs(funcs, target)  # a bad `nf.schedule` of IR text: located errors
     tensors = persistent_tensors(funcs)
     llmod = new_module(f"nfc_{module.name}", target)
     kset = KernelSet(target, ObjectCache.default())
@@ -292,9 +318,26 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
         "attributes": _json_attrs(module.attrs),
     }
     meta.update(extra_metadata or {})
+    _check_static_data(meta, plans, profile)
     _emit_info(llmod, meta)
     kset.define_composites(llmod)  # groups compiled stage by stage: glue in this module
     return Artifact(llmod, meta, plans, dict(kset.called), target, kset, split)
+
+
+def _check_static_data(meta: dict[str, Any], plans: dict[str, FuncPlan], profile: bool) -> None:
+    """Refuse static data the code could not address: the entries reach their globals with
+    32-bit PC-relative offsets, so the library's data must stay well below 2 GiB. Arenas
+    are heap blocks (`_own_arena`) and kernels keep no static arrays, so what remains is the
+    metadata string and the profile counters."""
+    from nfc.codegen.artifact.container import metadata_bytes
+
+    size = len(metadata_bytes(meta)) + 1
+    if profile:
+        size += sum(16 * max(1, len(p.kernels)) for p in plans.values())
+    if size > STATIC_DATA_LIMIT:
+        raise CompileError(error(
+            f"the library's static data (metadata and profile counters) would take "
+            f"{size:,} bytes, more than the limit of {STATIC_DATA_LIMIT:,}").diagnostics)
 
 
 def _json_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -347,15 +390,13 @@ def _emit_entry(llmod, plan: FuncPlan, profile: bool) -> None:
     from llvmlite import ir
 
     PTR, I8, I32, I64, VOID = _types()
-    arena_g = ir.GlobalVariable(llmod, ir.ArrayType(I8, max(plan.memory.peak, 64)),
-                                name=f"nfc_arena_{plan.name}")
-    arena_g.linkage = "internal"
-    arena_g.initializer = ir.Constant(arena_g.value_type, None)
-    arena_g.align = 64
     fn, b = _exported(llmod, f"nfc_{plan.name}", VOID, [PTR, PTR, PTR])
     args_p, outs_p, arena_p = fn.args
-    static = _opaque(arena_g)
-    base = b.select(b.icmp_unsigned("==", arena_p, ir.Constant(PTR, None)), static, arena_p)
+    # the entry block's allocas first: `_own_arena` continues the function in another block
+    width = max([len(k.buffers) for k in plan.kernels] + [1])
+    bufs = _opaque(b.alloca(ir.ArrayType(PTR, width), name="buffers"))
+    ts = _opaque(b.alloca(ir.ArrayType(I64, 2), name="ts")) if profile else None
+    base = _own_arena(llmod, fn, b, plan, arena_p)
     cache: dict[Slot, Any] = {}
 
     def ptr(slot: Slot):
@@ -368,15 +409,12 @@ def _emit_entry(llmod, plan: FuncPlan, profile: bool) -> None:
                                            source_etype=PTR), typ=PTR)
         return cache[slot]
 
-    width = max([len(k.buffers) for k in plan.kernels] + [1])
-    bufs = _opaque(b.alloca(ir.ArrayType(PTR, width), name="buffers"))
-    prof = ts = clock = None
+    prof = clock = None
     if profile:
         n = max(1, 2 * len(plan.kernels))
         prof = ir.GlobalVariable(llmod, ir.ArrayType(I64, n), name=f"nfc_prof_{plan.name}")
         prof.initializer = ir.Constant(prof.value_type, None)
         prof.align = 64
-        ts = _opaque(b.alloca(ir.ArrayType(I64, 2), name="ts"))
         _opaque(prof)
         clock = _declare(llmod, "clock_gettime", I32, [I32, PTR])
 
@@ -409,6 +447,61 @@ def _emit_entry(llmod, plan: FuncPlan, profile: bool) -> None:
         b3.ret(prof)
 
 
+def _own_arena(llmod, fn, b, plan: FuncPlan, arena_p):
+    """The arena base of an entry: `arena_p`, or when it is NULL the entry's own arena,
+    allocated on the first such call (`aligned_alloc`, published with a compare-and-swap so
+    that racing first calls agree; the loser frees its block) and kept for the process's
+    life. A heap block rather than a static array: a static arena lives in .bss, which the
+    code reaches with 32-bit PC-relative offsets, so arenas past 2 GiB in all failed to link.
+    Leaves `b` in the block that continues the entry and returns the base pointer."""
+    from llvmlite import ir
+
+    PTR, I8, I32, I64, VOID = _types()
+    g = ir.GlobalVariable(llmod, PTR, name=f"nfc_arena_ptr_{plan.name}")
+    g.linkage = "internal"
+    g.initializer = ir.Constant(PTR, None)
+    g.align = 8
+    nbytes = max(-(-plan.memory.peak // 64) * 64, 64)
+    null = ir.Constant(PTR, None)
+    start = b.block
+    own, alloc, fail, publish, lost, body = (fn.append_basic_block(n) for n in (
+        "own_arena", "alloc", "alloc_failed", "publish", "lost_race", "body"))
+    b.cbranch(b.icmp_unsigned("==", arena_p, null), own, body)
+    b.position_at_end(own)
+    cur = b.load_atomic(g, "acquire", 8, typ=PTR)
+    b.cbranch(b.icmp_unsigned("!=", cur, null), body, alloc)
+    b.position_at_end(alloc)
+    mem = b.call(_declare(llmod, "aligned_alloc", PTR, [I64, I64]),
+                 [ir.Constant(I64, 64), ir.Constant(I64, nbytes)])
+    b.cbranch(b.icmp_unsigned("!=", mem, null), publish, fail)
+    b.position_at_end(fail)
+    text = (f"nfc: cannot allocate the {nbytes} byte arena of nfc_{plan.name}; pass an arena "
+            "of nfc_" f"{plan.name}_arena_bytes() bytes\n").encode()
+    msg = ir.GlobalVariable(llmod, ir.ArrayType(I8, len(text)),
+                            name=f"nfc_arena_msg_{plan.name}")
+    msg.initializer = ir.Constant(msg.value_type, bytearray(text))
+    msg.global_constant = True
+    msg.linkage = "internal"
+    b.call(_declare(llmod, "write", I64, [I32, PTR, I64]),
+           [ir.Constant(I32, 2), _opaque(msg), ir.Constant(I64, len(text))])
+    b.call(_declare(llmod, "abort", VOID, []), [])
+    b.unreachable()
+    b.position_at_end(publish)
+    pair = b.cmpxchg(g, null, mem, "acq_rel", "acquire")
+    old, won = b.extract_value(pair, 0), b.extract_value(pair, 1)
+    b.cbranch(won, body, lost)
+    b.position_at_end(lost)
+    b.call(_declare(llmod, "free", VOID, [PTR]), [mem])
+    b.branch(body)
+    b.position_at_end(body)
+    base = b.phi(PTR, name="arena")
+    base.add_incoming(arena_p, start)
+    base.add_incoming(cur, own)
+    base.add_incoming(mem, publish)
+    base.add_incoming(old, lost)
+    return base
+
+
 def _emit_init(llmod, tensors: Sequence[TensorInfo]) -> None:
     from llvmlite import ir
 
@@ -428,7 +521,9 @@ def _emit_info(llmod, meta: dict[str, Any]) -> None:
     from llvmlite import ir
 
     PTR, I8, I32, I64, VOID = _types()
-    data = json.dumps(meta, sort_keys=True).encode() + b"\0"
+    from nfc.codegen.artifact.container import metadata_bytes
+
+    data = metadata_bytes(meta) + b"\0"
     g = ir.GlobalVariable(llmod, ir.ArrayType(I8, len(data)), name="nfc_metadata_json")
     g.initializer = ir.Constant(g.value_type, bytearray(data))
     g.global_constant = True

@@ -16,9 +16,15 @@ different buffers; `kernel_key` names a kernel by what decides its machine code:
   and of the llvmlite/LLVM versions, so a changed compiler never reuses stale objects.
 
 `ObjectCache` keeps one ELF object per key under `$NFC_CACHE_DIR/objects` (default
-`~/.cache/nfc/objects`): `<key>.o`, raw object code and nothing else (data only: no pickle,
-nothing executed when reading). Writes are atomic (temporary file and rename); a hit refreshes
-the file's modification time so `prune` removes the least recently used objects first.
+`~/.cache/nfc/objects`, a 0700 directory of 0600 files): `<key>.nfo`, a 48-byte header (magic
+`NFCOBJ01`, the SHA-256 of the key and the object code, the code's length) and the raw object
+code; data only (no pickle, nothing executed when reading). Like ccache's, every entry is
+checked before use: `get` returns the object code only when the header matches the file, its
+length and the key; a damaged entry (truncated, a flipped bit, copied under another key) is
+deleted and counted, `report_damaged` warns once per build, and the kernel is compiled afresh.
+The bytes checked are the bytes handed to the linker (never the file's later content). Writes
+are atomic (nfc.fsutil: unique temporary name, fsync, rename); a hit refreshes the file's
+modification time so `prune` removes the least recently used objects first.
 `NFC_OBJECT_CACHE=0` turns the cache off; `NFC_OBJECT_CACHE_MB` bounds its size (default 1024).
 The object of a kernel defines one hidden function, `kernel_symbol(key)`, so an object
 compiled for one model links into any other that has the same kernel.
@@ -32,6 +38,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import struct
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,7 @@ from typing import Any
 from nfc import __version__
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.lower import group_of
+from nfc.fsutil import atomic_write, private_dir, remove_stale_temporaries
 from nfc.ir import ComputeOp, KernelOp, Value
 from nfc.printer import format_attr_dict, format_expr
 
@@ -47,16 +56,25 @@ from nfc.printer import format_attr_dict, format_expr
 #: attribute codegen may read one day can only cost a missed deduplication, never a wrong one.
 LABEL_ATTRS = frozenset({"nf.callsite", "nf.phase", "nf.fusion"})
 #: Bumped when the meaning of a key or the layout of the cache changes.
-KEY_VERSION = "nfc-kernel-key-1"
+KEY_VERSION = "nfc-kernel-key-2"
 #: Modules whose source decides the code of a kernel (part of `codegen_fingerprint`).
 CODEGEN_MODULES = (
     "nfc.ir", "nfc.affine", "nfc.codegen.cpu", "nfc.codegen.jit", "nfc.codegen.loops",
-    "nfc.codegen.lower", "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
+    "nfc.codegen.lower", "nfc.codegen.lowering.axes", "nfc.codegen.lowering.tails",
+    "nfc.codegen.lowering.packing", "nfc.codegen.lowering.reductions",
+    "nfc.codegen.lowering.stage", "nfc.simplify", "nfc.simplify.rules", "nfc.simplify.pattern",
+    "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
     "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
     "nfc.codegen.llvm.intrinsics",
     "nfc.codegen.artifact.kcache", "nfc.codegen.artifact.parallel",
 )
 _ELF_MAGIC = b"\x7fELF"
+#: Header of a cached object: magic, sha256(key, object code), length of the object code.
+OBJ_HEADER = struct.Struct("<8s32sQ")
+OBJ_MAGIC = b"NFCOBJ01"
+#: File name suffix of cached objects (`.o` files of older versions are never read, only
+#: pruned).
+OBJ_SUFFIX = ".nfo"
 
 
 @functools.cache
@@ -138,11 +156,20 @@ def kernel_symbol(key: str) -> str:
     return f"nfc_k_{key[:24]}"
 
 
+def _object_digest(key: str, data: bytes) -> bytes:
+    h = hashlib.sha256(key.encode())
+    h.update(b"\0")
+    h.update(data)
+    return h.digest()
+
+
 class ObjectCache:
     """Object files by kernel key in one directory (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self.damaged: list[str] = []
+        """Entries found damaged (and deleted) since the last `report_damaged`."""
 
     @staticmethod
     def default() -> ObjectCache | None:
@@ -156,52 +183,91 @@ class ObjectCache:
 
     def path(self, key: str) -> Path:
         """Where the object of `key` lives (whether or not it exists)."""
-        return self.root / f"{key}.o"
+        return self.root / f"{key}{OBJ_SUFFIX}"
 
-    def get(self, key: str) -> Path | None:
-        """The object file of `key`, or None (missing, unreadable or not an object)."""
+    def get(self, key: str) -> bytes | None:
+        """The checked object code of `key`, or None (missing, unreadable or damaged: a
+        damaged entry is deleted and recorded in `damaged`)."""
         p = self.path(key)
         try:
-            with open(p, "rb") as f:
-                if f.read(4) != _ELF_MAGIC:
-                    return None
-            os.utime(p)  # recently used: pruned last
+            data = p.read_bytes()
         except OSError:
             return None
-        return p
+        why = self._check(key, data)
+        if why is not None:
+            self.damaged.append(f"{p.name}: {why}")
+            self.discard(key)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(p)  # recently used: pruned last
+        return data[OBJ_HEADER.size:]
+
+    @staticmethod
+    def _check(key: str, data: bytes) -> str | None:
+        """Why `data` is not a valid entry for `key` (None when it is)."""
+        if len(data) < OBJ_HEADER.size:
+            return "truncated"
+        magic, digest, length = OBJ_HEADER.unpack_from(data)
+        if magic != OBJ_MAGIC:
+            return "bad header"
+        body = data[OBJ_HEADER.size:]
+        if len(body) != length:
+            return f"{len(body)} bytes of object code, the header says {length}"
+        if _object_digest(key, body) != digest:
+            return "hash mismatch"
+        if not body.startswith(_ELF_MAGIC):
+            return "not an object file"
+        return None
 
     def put(self, key: str, data: bytes) -> None:
         """Store an object (atomically; errors are ignored: the cache is an optimisation)."""
         if not data.startswith(_ELF_MAGIC):
             return
-        p = self.path(key)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, p)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        header = OBJ_HEADER.pack(OBJ_MAGIC, _object_digest(key, data), len(data))
+        with contextlib.suppress(OSError):
+            private_dir(self.root)
+            atomic_write(self.path(key), header + data, 0o600)
 
     def discard(self, key: str) -> None:
         """Forget one object (e.g. one the linker refused)."""
         with contextlib.suppress(OSError):
             self.path(key).unlink()
 
+    def report_damaged(self) -> int:
+        """Warn (on stderr, once) about the damaged entries found since the last call and
+        forget them; returns how many there were."""
+        n = len(self.damaged)
+        if n:
+            first = self.damaged[0]
+            more = f" and {n - 1} more" if n > 1 else ""
+            print(f"nfc: warning: discarded {n} damaged cached kernel object(s) in "
+                  f"'{self.root}' ({first}{more}); they are compiled again", file=sys.stderr)
+            self.damaged.clear()
+        return n
+
     def prune(self, max_bytes: int | None = None) -> int:
         """Delete the least recently used objects until the cache holds at most `max_bytes`
-        (default `NFC_OBJECT_CACHE_MB` MiB, 1024); returns how many were deleted."""
+        (default `NFC_OBJECT_CACHE_MB` MiB, 1024), objects of older cache layouts, and
+        temporary files of killed writers; returns how many objects were deleted."""
         if max_bytes is None:
             env = os.environ.get("NFC_OBJECT_CACHE_MB", "")
             max_bytes = (int(env) if env.isdigit() else 1024) << 20
-        try:
-            entries = [(e.stat().st_mtime, e.stat().st_size, e.path)
-                       for e in os.scandir(self.root) if e.name.endswith(".o")]
-        except OSError:
-            return 0
-        total = sum(size for _, size, _ in entries)
+        remove_stale_temporaries(self.root)
+        entries = []
         removed = 0
+        try:
+            for e in os.scandir(self.root):
+                if e.name.endswith(".o"):  # the layout before checksums: never read
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+                        removed += 1
+                elif e.name.endswith(OBJ_SUFFIX):
+                    with contextlib.suppress(OSError):
+                        st = e.stat()
+                        entries.append((st.st_mtime, st.st_size, e.path))
+        except OSError:
+            return removed
+        total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= max_bytes:
                 break

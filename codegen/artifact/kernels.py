@@ -130,21 +130,24 @@ class KernelSet:
         return obj
 
     def objects(self, processes: int, *, refresh: bool = False,
-                before: Sequence[Callable[[], None]] = ()) -> list[bytes | str]:
-        """Object code (bytes) or cached object paths of every kernel, in symbol order.
-        `refresh` ignores (and overwrites) cached objects. `before` runs in this process once
-        workers are started (the entry module's compilation overlaps theirs)."""
+                before: Sequence[Callable[[], None]] = ()) -> list[bytes]:
+        """Object code of every kernel, in symbol order: checked bytes from the object cache,
+        else compiled now. `refresh` ignores (and overwrites) cached objects. `before` runs
+        in this process once workers are started (the entry module's compilation overlaps
+        theirs)."""
         from nfc.codegen.tuning import kernel_spec
 
-        hits: dict[str, str] = {}
+        hits: dict[str, bytes] = {}
         jobs: list[KernelJob] = []
         for sym, e in self.entries.items():
-            path = self.cache.get(e.key) if self.cache is not None and not refresh else None
-            if path is not None:
-                hits[sym] = str(path)
+            obj = self.cache.get(e.key) if self.cache is not None and not refresh else None
+            if obj is not None:
+                hits[sym] = obj
             else:
                 jobs.append(KernelJob(sym, kernel_spec(e.op)["ir"], e.schedule,
                                       loop_cost(e.info.loops.body)))
+        if self.cache is not None:
+            self.cache.report_damaged()
         compiled = compile_jobs(jobs, self._local, self.target, processes, self.stats,
                                 before=before)
         if self.cache is not None:

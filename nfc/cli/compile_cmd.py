@@ -16,6 +16,7 @@ from C (examples/c_driver).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,34 +56,38 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compile and write the requested output."""
+    from nfc.codegen.artifact.container import is_library_path
     from nfc.runtime.build import (
         DEFAULT_PIPELINE,
         FUSE_PIPELINE,
         SettingError,
         apply_tuning,
         build_library,
+        check_model_source,
         model_module,
         parse_settings,
         run_pipeline,
     )
+    from nfc.runtime.loader import ArtifactError
 
     src = Path(args.file)
     if not src.exists():
         raise UsageError(f"no such file: '{src}'")
-    if src.suffix == ".so":
-        if args.emit != "header":
-            raise UsageError("a .so is already compiled; it only gives --emit=header")
+    if is_library_path(src):
         from nfc.codegen.artifact.header import c_header
-        from nfc.runtime.loader import ArtifactError, load
+        from nfc.runtime.loader import read_metadata
 
-        try:
-            meta = load(src, check_cpu_features=False).metadata
+        try:  # from the checked metadata: the library is not loaded
+            meta = read_metadata(src)
         except ArtifactError as exc:
             raise UsageError(str(exc)) from None
+        if args.emit != "header":
+            raise UsageError("a .so is already compiled; it only gives --emit=header")
         return _write(args.output, c_header(meta))
     try:
+        check_model_source(src)
         params, opt = parse_settings(args.settings)
-    except SettingError as exc:
+    except (SettingError, ArtifactError) as exc:
         raise UsageError(str(exc)) from None
     module = model_module(src, params, opt, im2col=not args.no_im2col)
     run_pipeline(module, DEFAULT_PIPELINE if args.pipeline is None else args.pipeline)
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 "header": lambda: c_header(art.metadata)}[args.emit]()
         return _write(args.output, text)
     out = args.output or str(src.with_suffix(".so"))
+    _check_writable(out)
     built = build_library(module, out, profile=args.profile, use_cache=False, functions=funcs)
     meta = built.artifact.metadata
     print(f"wrote {out}", file=sys.stderr)
@@ -123,8 +129,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(path: str | None, text: str) -> int:
+    """Text to standard output, or to `path` atomically (a unique temporary name, then a
+    rename: concurrent writers never mix their outputs)."""
     if path in (None, "-"):
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     else:
-        Path(path).write_text(text, encoding="utf-8")
+        from nfc.codegen.artifact.container import default_mode
+        from nfc.fsutil import atomic_write
+
+        _check_writable(path)
+        atomic_write(path, text.encode("utf-8"), default_mode(executable=False))
     return 0
+
+
+def _check_writable(path: str) -> None:
+    """A usage error, before any work, when `path` cannot be written (the file is created
+    beside it under a temporary name, then renamed)."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"cannot write '{path}': it is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write '{path}': no such directory '{parent}'")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write '{path}': directory '{parent}' is not writable")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -40,12 +41,13 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _info(model: Any) -> None:
-    meta = model.metadata
+def _info(path: str, meta: dict[str, Any]) -> None:
     t = meta["target"]
-    print(f"{model.path}: model '{meta.get('model')}', nfc {meta['nfc_version']}, ABI "
-          f"{meta['abi_version']}, {t['cpu']} ({len(t['features'])} features)"
+    print(f"{path}: model '{meta.get('model')}', nfc {meta.get('nfc_version')}, ABI "
+          f"{meta['abi_version']}, {t.get('cpu')} ({len(t.get('features', []))} features)"
           + (", profiled" if meta.get("profile") else ""))
+    if not meta["functions"]:
+        print("  no functions")
     for name, fm in meta["functions"].items():
         ins = ", ".join(f"{a['name']}: {a['dtype']}{a['shape']} ({a['role']})"
                         for a in fm["args"] if a["role"] in ("input", "rng"))
@@ -55,6 +57,63 @@ def _info(model: Any) -> None:
               + f"; {len(fm['kernels'])} kernels, arena {fm['arena_bytes']:,} B")
     for tm in meta["tensors"]:
         print(f"  {tm['role']:<9} {tm['name']}: {tm['dtype']}{tm['shape']} = {tm['init']}")
+
+
+def _describe(args: argparse.Namespace) -> None:
+    """`--info`: from the artifact's checked metadata alone; the library is not loaded, so
+    none of its code runs (a model file is compiled first)."""
+    from nfc.codegen.artifact.container import is_library_path
+    from nfc.runtime.build import SettingError, compile_model
+    from nfc.runtime.loader import read_metadata
+
+    path = args.file
+    if is_library_path(path):
+        if args.settings:
+            raise SettingError("--set applies when compiling; a .so is already compiled")
+    else:
+        path = compile_model(path, settings=args.settings).path
+    _info(path, read_metadata(path))
+
+
+def _function(model: Any, asked: str | None) -> str:
+    """The function to evaluate: `asked`, else eval, else forward."""
+    have = list(model.functions)
+    if not have:
+        raise UsageError(f"'{model.path}' has no functions (was it compiled from an empty "
+                         "model?)")
+    if asked is not None:
+        if asked not in model.functions:
+            raise UsageError(f"'{model.path}' has no function '{asked}' (it has: "
+                             f"{', '.join(have)})")
+        return asked
+    name = next((f for f in ("eval", "forward") if f in model.functions), None)
+    if name is None:
+        raise UsageError(f"'{model.path}' has neither an eval nor a forward function (it has: "
+                         f"{', '.join(have)}); choose one with --function")
+    return name
+
+
+def _load_checkpoint(model: Any, where: str) -> None:
+    """Parameters and state from the checkpoint `where` (a JSON file, or a directory: its
+    newest intact checkpoint, with a warning for each damaged one passed over). Optimizer
+    state is loaded when the checkpoint has the model's (evaluation does not read it), so a
+    checkpoint of another optimizer serves as well."""
+    from nfc.runtime import checkpoint as ckpt
+
+    expect = {n: (a.shape, a.dtype) for n, a in model.tensors.items()}
+    optional = {n for n, s in model.specs.items() if s.role == "opt_state"}
+    if os.path.isdir(where):
+        found = ckpt.load_latest(where, expect, extra_ok=True, optional=optional)
+        if found is None:
+            raise UsageError(f"no checkpoint in '{where}'")
+        tensors, info = found.tensors, found.info
+    elif os.path.exists(where):
+        tensors, info = ckpt.load(where, expect, extra_ok=True, optional=optional)
+    else:
+        raise UsageError(f"no such checkpoint file or directory: '{where}'")
+    model.load_state_dict({n: tensors.get(n, a) for n, a in model.tensors.items()})
+    seed = info.get("seed", 0)
+    model.seed = seed if isinstance(seed, int) else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,26 +126,14 @@ def run(args: argparse.Namespace) -> int:
     from nfc.runtime.train import default_threads, evaluate
 
     try:
-        model = load_model(args.file, settings=args.settings)
         if args.info:
-            _info(model)
+            _describe(args)
             return 0
-        name = args.function or next((f for f in ("eval", "forward")
-                                      if f in model.functions), None)
-        if name is None or name not in model.functions:
-            raise UsageError(f"no function '{args.function}' (has: "
-                             f"{', '.join(model.functions)})")
+        model = load_model(args.file, settings=args.settings)
+        name = _function(model, args.function)
         model.set_num_threads(args.threads or default_threads(model.metadata, name))
         if args.checkpoint:
-            path = args.checkpoint
-            if not path.endswith(".json"):
-                latest = ckpt.latest(path)
-                if latest is None:
-                    raise UsageError(f"no checkpoint in '{path}'")
-                path = str(latest)
-            tensors, info = ckpt.load(path)
-            model.load_state_dict(tensors)
-            model.seed = int(info.get("seed", 0))
+            _load_checkpoint(model, args.checkpoint)
         else:
             model.init(args.seed)
         ds = adapters.load_for(args.data, adapters.model_inputs(model.metadata, name),

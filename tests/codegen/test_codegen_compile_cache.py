@@ -98,7 +98,7 @@ def test_deduplicated_kernels_match_the_interpreter_and_the_cache_is_hit(cache_d
     lib = str(tmp_path / "a.so")
     art.write_shared(lib)
     assert art.stats["cache_misses"] == 4 and art.stats["cache_hits"] == 0
-    assert len(list(cache_dir.glob("*.o"))) == 4
+    assert len(list(cache_dir.glob("*.nfo"))) == 4
     _run_library(lib, module)
 
     again = build_artifact(parse_module(REPEATED), split=1)
@@ -111,7 +111,7 @@ def test_deduplicated_kernels_match_the_interpreter_and_the_cache_is_hit(cache_d
 def test_cache_is_invalidated_by_target_and_version(cache_dir, tmp_path, monkeypatch):
     module, _ = _ops()
     build_artifact(module, split=1).write_shared(str(tmp_path / "a.so"))
-    n = len(list(cache_dir.glob("*.o")))
+    n = len(list(cache_dir.glob("*.nfo")))
     # another nfc version: every kernel is compiled again (and stored beside the old ones)
     import nfc.codegen.artifact.kcache as kc
 
@@ -119,7 +119,7 @@ def test_cache_is_invalidated_by_target_and_version(cache_dir, tmp_path, monkeyp
     art = build_artifact(parse_module(REPEATED), split=1)
     art.write_shared(str(tmp_path / "b.so"))
     assert art.stats["cache_hits"] == 0 and art.stats["cache_misses"] == 4
-    assert len(list(cache_dir.glob("*.o"))) == 2 * n
+    assert len(list(cache_dir.glob("*.nfo"))) == 2 * n
     # another target (feature string): misses too; the library still computes the same
     monkeypatch.undo()
     monkeypatch.setenv("NFC_CACHE_DIR", str(cache_dir.parent))
@@ -132,24 +132,46 @@ def test_cache_is_invalidated_by_target_and_version(cache_dir, tmp_path, monkeyp
     _run_library(lib, module)
 
 
-def test_object_cache_is_data_only_atomic_and_pruned(tmp_path):
-    cache = ObjectCache(tmp_path / "objs")
-    assert cache.get("k1") is None
-    cache.put("k1", b"not an object")  # refused: not ELF
-    assert cache.get("k1") is None
-    cache.put("k1", b"\x7fELF" + b"\0" * 1000)
-    cache.put("k2", b"\x7fELF" + b"\0" * 1000)
-    assert cache.get("k1") == tmp_path / "objs" / "k1.o"
-    assert not [p for p in (tmp_path / "objs").iterdir() if p.name.endswith(".tmp")]
-    (tmp_path / "objs" / "k3.o").write_bytes(b"garbage")  # a damaged entry is a miss
-    assert cache.get("k3") is None
+def test_object_cache_is_data_only_checked_atomic_private_and_pruned(tmp_path, capsys):
     import os
     import time
 
-    old = time.time() - 100
-    os.utime(tmp_path / "objs" / "k2.o", (old, old))  # least recently used
-    assert cache.prune(max_bytes=1500) >= 1
-    assert cache.get("k2") is None and cache.get("k1") is not None
+    root = tmp_path / "objs"
+    cache = ObjectCache(root)
+    assert cache.get("k1") is None
+    cache.put("k1", b"not an object")  # refused: not ELF
+    assert cache.get("k1") is None
+    obj = b"\x7fELF" + bytes(range(256)) * 4
+    cache.put("k1", obj)
+    cache.put("k2", obj)
+    assert cache.get("k1") == obj and cache.damaged == []
+    assert not [p for p in root.iterdir() if not p.name.endswith(".nfo")]  # no temporaries
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert cache.path("k1").stat().st_mode & 0o777 == 0o600
+    # damaged entries: a flipped bit, a truncation, garbage, another key's entry
+    good = cache.path("k1").read_bytes()
+    flipped = bytearray(good)
+    flipped[-100] ^= 0x10
+    for key, data in [("f", bytes(flipped)), ("t", good[:-1]), ("g", b"garbage"),
+                      ("c", good)]:
+        cache.path(key).write_bytes(data)
+        assert cache.get(key) is None, key
+        assert not cache.path(key).exists(), key  # deleted: compiled and stored again
+    assert len(cache.damaged) == 4
+    assert cache.report_damaged() == 4 and cache.damaged == []
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "4 damaged cached kernel object(s)" in err
+    assert cache.report_damaged() == 0 and capsys.readouterr().err == ""
+    # pruning: least recently used first; objects of the old layout and stale temporaries
+    (root / "old.o").write_bytes(b"\x7fELF")
+    stale = root / ".k9.nfo.abc.nfctmp"
+    stale.write_bytes(b"x")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    os.utime(cache.path("k2"), (old + 100, old + 100))  # least recently used
+    assert cache.prune(max_bytes=1500) >= 2
+    assert cache.get("k2") is None and cache.get("k1") == obj
+    assert not (root / "old.o").exists() and not stale.exists()
 
 
 def test_disabled_cache_and_damaged_object_recovery(cache_dir, tmp_path, monkeypatch):
@@ -160,13 +182,21 @@ def test_disabled_cache_and_damaged_object_recovery(cache_dir, tmp_path, monkeyp
     assert not cache_dir.exists() and art.stats["cache_misses"] == 4
     monkeypatch.setenv("NFC_OBJECT_CACHE", "1")
     build_artifact(parse_module(REPEATED), split=1).write_shared(str(tmp_path / "b.so"))
-    victim = sorted(cache_dir.glob("*.o"))[0]
-    victim.write_bytes(b"\x7fELF truncated")  # ELF magic, but not a valid object
+    victim = sorted(cache_dir.glob("*.nfo"))[0]
+    victim.write_bytes(victim.read_bytes()[:200])  # cut short: fails its check
     art = build_artifact(parse_module(REPEATED), split=1)
     lib = str(tmp_path / "c.so")
-    art.write_shared(lib)  # the linker refuses it: everything is recompiled
+    art.write_shared(lib)  # the damaged object is compiled again, the others are hits
+    assert art.stats["cache_hits"] == 3 and art.stats["cache_misses"] == 1
     _run_library(lib, module)
-    assert victim.read_bytes()[:4] == b"\x7fELF" and victim.stat().st_size > 100
+    assert ObjectCache(cache_dir)._check(victim.stem, victim.read_bytes()) is None
+    # a checked object the linker refuses anyway: everything is compiled afresh
+    key = sorted(cache_dir.glob("*.nfo"))[1].stem
+    ObjectCache(cache_dir).put(key, b"\x7fELF not really an object")
+    art = build_artifact(parse_module(REPEATED), split=1)
+    art.write_shared(lib)
+    assert art.stats["cache_misses"] == 4
+    _run_library(lib, module)
 
 
 def test_parallel_workers_build_the_same_objects(monkeypatch, cache_dir):

@@ -117,13 +117,18 @@ def test_metadata_describes_the_model(model):
 
 
 def _patched(path: str, old: bytes, new: bytes, name: str) -> str:
+    """A copy of the artifact at `path` whose metadata (in the library and in the trailer)
+    has `old` replaced by `new`, sealed again so that its hash is right."""
+    from nfc.codegen.artifact.container import metadata_bytes, read_artifact, seal
+
     assert len(old) == len(new)
-    with open(path, "rb") as fh:
-        data = fh.read()
-    assert data.count(old) == 1, old
+    sealed = read_artifact(path)
+    meta = metadata_bytes(sealed.metadata)
+    assert meta.count(old) == 1 and sealed.elf.count(old) == 1, old
+    elf = sealed.elf.replace(old, new)
     d = scratch(name)
     out = d / "patched.so"
-    out.write_bytes(data.replace(old, new))
+    out.write_bytes(seal(elf, json.loads(meta.replace(old, new))))
     return str(out)
 
 
