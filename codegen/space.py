@@ -13,11 +13,20 @@ Two templates:
   reductions, an unrolled innermost reduction, and fused parallel outer loops.
 
 The tuner (nfc.runtime.tuning.search) searches `params`; `to_schedule(cfg)` gives the schedule.
+
+Checking schedules that come from outside (an `nf.schedule` attribute in IR text, a record of
+an imported tuning cache): `schedule_problem(op, value)` says why a value cannot be `op`'s
+schedule, `template_problem(cfg)` why a parameter dict fits neither template when the kernel
+is unknown. Both accept what a machine with other vector registers may have chosen: the
+register limits and the vector widths of the host are the tuner's concern, not a reason to
+refuse a schedule that lowers correctly on any target.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +34,7 @@ from nfc.affine import to_affine
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
 from nfc.contraction import flatten, match_contraction, plain_names
-from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, index_names
+from nfc.ir import Binary, ComputeOp, Const, Expr, Func, Index, KernelOp, Load, Op, index_names
 
 #: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
 PARALLEL_WORK = 1 << 16
@@ -35,6 +44,36 @@ PARALLEL_WORK = 1 << 16
 #: loop template ran 64x64x64 in 7.3 us vs 9.4, 64x10x64 in 2.6 vs 3.3, and compiled in a
 #: third of the time (~300 vs ~1,100 lines of LLVM IR); 128^3 is where the GEMM template wins.
 SMALL_GEMM_WORK = 1 << 18
+#: The op attribute holding a schedule recorded in IR (nfc.codegen.jit.SCHEDULE_ATTR).
+SCHEDULE_ATTR = "nf.schedule"
+
+#: The GEMM template's parameters and candidate values (the same on every target).
+GEMM_PARAMS: dict[str, tuple[int, ...]] = {
+    "mr": (1, 2, 3, 4, 5, 6, 8, 10, 12, 14),
+    "nv": (1, 2, 3, 4),
+    "mc_tiles": tuple(range(1, 49)),
+    "kc": tuple(range(16, 513, 16)),
+    "ku": (1, 2, 4, 8),
+    "pack_a": (0, 1),
+    "parallel": (0, 1),
+}
+#: The loop template's parameters whose candidate values do not depend on the kernel or the
+#: target (`vec_axis`, `tile_axis` and `vec` do).
+LOOP_FIXED_PARAMS: dict[str, tuple[int, ...]] = {
+    "nvec": (1, 2, 4, 8, 16, 32, 64),
+    "vec_split": (1, 2, 3, 4),
+    "tile": (1, 2, 3, 4, 6, 8),
+    "kunroll": (1, 2, 4, 8),
+    "parallel": (0, 1),
+}
+#: The loop template's parameters.
+LOOP_PARAM_NAMES = frozenset({"vec_axis", "vec", "tile_axis", *LOOP_FIXED_PARAMS})
+#: Vector widths (elements) the loop template offers on some target: `{1, w/2, w, 2w}` for
+#: `w` lanes, so the powers of two up to twice the lanes of one-byte elements in a 512-bit
+#: (AVX-512) register.
+ANY_VEC = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Most vector registers of any CPU target nfc generates code for (AVX-512: 32).
+MAX_VECTOR_REGISTERS = 32
 
 
 @dataclass(frozen=True)
@@ -89,15 +128,7 @@ class GemmSpace:
         ext = {a.name: a.extent for a in op.all_axes}
         self.m, self.n, self.kk = ext[pattern.i], ext[pattern.j], ext[pattern.k]
         self.w = self.target.lanes(op.result.dtype)
-        self.params: dict[str, list[Any]] = {
-            "mr": [1, 2, 3, 4, 5, 6, 8, 10, 12, 14],
-            "nv": [1, 2, 3, 4],
-            "mc_tiles": list(range(1, 49)),
-            "kc": list(range(16, 513, 16)),
-            "ku": [1, 2, 4, 8],
-            "pack_a": [0, 1],
-            "parallel": [0, 1],
-        }
+        self.params: dict[str, list[Any]] = {k: list(v) for k, v in GEMM_PARAMS.items()}
 
     def default(self) -> dict[str, Any]:
         """The heuristic: 6x16 (AVX2) or 12x32 (AVX-512) micro-kernel, MC x KC of A in L2."""
@@ -136,7 +167,7 @@ class GemmSpace:
             return False
         if mr * nv + nv + 1 > self.target.vector_registers:
             return False
-        return kc % ku == 0 and mct >= 1
+        return kc % ku == 0 and mct >= 1  # gemm_rule_problem, for values of the space
 
     def to_schedule(self, cfg: dict[str, Any]) -> Schedule:
         """The schedule of a parameter dict."""
@@ -179,12 +210,12 @@ class LoopSpace:
         self.params: dict[str, list[Any]] = {
             "vec_axis": ["", *axes],
             "vec": sorted({1, max(1, w // 2), w, 2 * w}),
-            "nvec": [1, 2, 4, 8, 16, 32, 64],
-            "vec_split": [1, 2, 3, 4],
+            "nvec": list(LOOP_FIXED_PARAMS["nvec"]),
+            "vec_split": list(LOOP_FIXED_PARAMS["vec_split"]),
             "tile_axis": ["", *[a for a in self.dims if self.ext[a] > 1]],
-            "tile": [1, 2, 3, 4, 6, 8],
-            "kunroll": [1, 2, 4, 8],
-            "parallel": [0, 1],
+            "tile": list(LOOP_FIXED_PARAMS["tile"]),
+            "kunroll": list(LOOP_FIXED_PARAMS["kunroll"]),
+            "parallel": list(LOOP_FIXED_PARAMS["parallel"]),
         }
 
     def _score(self, a: str) -> float:
@@ -289,22 +320,9 @@ class LoopSpace:
         """Known values, a register tile that fits the vector registers, distinct axes."""
         if any(cfg.get(k) not in v for k, v in self.params.items()):
             return False
-        va, ta = cfg["vec_axis"], cfg["tile_axis"]
-        if ta and ta == va:
+        if loop_rule_problem(cfg, lambda a: a in self.dims, bool(self.raxes)):
             return False
-        if ta and cfg["tile"] == 1 or not ta and cfg["tile"] != 1:
-            return False
-        if (not va) != (cfg["vec"] == 1):
-            return False
-        if va in self.raxes and (cfg["nvec"] != 1 or cfg["kunroll"] != 1):
-            return False
-        if cfg["vec_split"] != 1 and (va not in self.dims or cfg["nvec"] != 1):
-            return False
-        if not self.raxes and (cfg["kunroll"] != 1 or ta):
-            return False
-        nv = cfg["nvec"] if va else 1
-        if nv > 4 and cfg["tile"] != 1:
-            return False  # a long accumulator row is not also tiled
+        nv = cfg["nvec"] if cfg["vec_axis"] else 1
         w = self.target.lanes(self.op.result.dtype)
         regs = cfg["tile"] * min(nv, 4) * max(1, cfg["vec"] // w)
         return regs <= self.target.vector_registers - 2
@@ -413,5 +431,164 @@ def default_schedule(op: ComputeOp, target: CpuTarget | None = None) -> Schedule
     return space.to_schedule(space.default())
 
 
-__all__ = ["SCHEDULE_VERSION", "GemmPattern", "GemmSpace", "LoopSpace", "default_schedule",
-           "match_gemm", "schedule_space"]
+# ---------------------------------------------------------------------------------------------
+# checking schedules from outside: IR attributes, imported tuning records
+
+
+def loop_rule_problem(cfg: Mapping[str, Any], is_output_axis: Callable[[str], bool],
+                      has_reduction: bool | None) -> str:
+    """Why the loop template's parameters `cfg` (values already in range) do not go
+    together, empty when they do. `is_output_axis` tells output from reduction axes;
+    `has_reduction` None when unknown. `LoopSpace.is_valid` applies exactly these rules."""
+    va, ta = cfg["vec_axis"], cfg["tile_axis"]
+    if ta and ta == va:
+        return "'tile_axis' and 'vec_axis' name the same axis"
+    if ta and cfg["tile"] == 1 or not ta and cfg["tile"] != 1:
+        return "'tile' must be above 1 exactly when 'tile_axis' names an axis"
+    if (not va) != (cfg["vec"] == 1):
+        return "'vec' must be above 1 exactly when 'vec_axis' names an axis"
+    if va and not is_output_axis(va) and (cfg["nvec"] != 1 or cfg["kunroll"] != 1):
+        return "a vectorized reduction axis takes 'nvec' = 1 and 'kunroll' = 1"
+    if cfg["vec_split"] != 1 and (not va or not is_output_axis(va) or cfg["nvec"] != 1):
+        return "'vec_split' needs a vectorized output axis and 'nvec' = 1"
+    if has_reduction is False and (cfg["kunroll"] != 1 or ta):
+        return "a compute without reduction takes no 'kunroll' and no 'tile_axis'"
+    if (cfg["nvec"] if va else 1) > 4 and cfg["tile"] != 1:
+        return "a long accumulator row ('nvec' above 4) is not also tiled"
+    return ""
+
+
+def gemm_rule_problem(cfg: Mapping[str, Any], registers: int = MAX_VECTOR_REGISTERS) -> str:
+    """Why the GEMM template's parameters `cfg` (values already in range) do not go together
+    on a target with `registers` vector registers, empty when they do."""
+    if cfg["mr"] * cfg["nv"] + cfg["nv"] + 1 > registers:
+        return (f"a {cfg['mr']} x {cfg['nv']} micro-kernel needs more than the {registers} "
+                "vector registers of any target")
+    if cfg["kc"] % cfg["ku"]:
+        return f"'kc' = {cfg['kc']} is not a multiple of 'ku' = {cfg['ku']}"
+    return ""
+
+
+def _domain_problem(cfg: Mapping[str, Any], domains: Mapping[str, Any]) -> str:
+    """Missing or unknown parameter names, values out of their candidate lists."""
+    missing = sorted(set(domains) - set(cfg))
+    unknown = sorted(set(cfg) - set(domains))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(f"'{k}'" for k in missing))
+        if unknown:
+            parts.append("unknown " + ", ".join(f"'{k}'" for k in unknown))
+        return "parameters " + "; ".join(parts)
+    for k, allowed in domains.items():
+        v = cfg[k]
+        if isinstance(v, bool) or v not in allowed or type(v) is not type(allowed[0]):
+            shown = ", ".join(repr(x) for x in allowed[:12]) + (", ..." if len(allowed) > 12
+                                                                 else "")
+            return f"'{k}' = {v!r} is not one of {shown}"
+    return ""
+
+
+_POSITIONAL_AXIS = re.compile(r"[dr](0|[1-9][0-9]{0,2})")
+
+
+def template_problem(cfg: Mapping[str, Any]) -> str:
+    """Why `cfg`, a schedule recorded for a canonical kernel (axes `d0`, `r0`, ...; see
+    nfc.runtime.tuning.kernels) of an unknown kind, is a parameter dict of neither template,
+    or breaks a rule that holds on every target; empty when it could be a schedule."""
+    if "mr" in cfg or set(cfg) <= set(GEMM_PARAMS):
+        why = _domain_problem(cfg, GEMM_PARAMS)
+        return (f"as a gemm schedule: {why}" if why else
+                ("as a gemm schedule: " + w if (w := gemm_rule_problem(cfg)) else ""))
+    def axis(v: Any) -> bool:
+        return isinstance(v, str) and (v == "" or _POSITIONAL_AXIS.fullmatch(v) is not None)
+    domains: dict[str, Any] = {**LOOP_FIXED_PARAMS, "vec": ANY_VEC}
+    why = _domain_problem({k: v for k, v in cfg.items() if k not in ("vec_axis", "tile_axis")},
+                          domains)
+    if not why:
+        for k in ("vec_axis", "tile_axis"):
+            if k not in cfg:
+                why = f"parameters missing '{k}'"
+            elif not axis(cfg[k]):
+                why = f"'{k}' = {cfg[k]!r} is not an axis of a canonical kernel (d0, r0, ...)"
+            if why:
+                break
+    if not why and cfg["tile_axis"].startswith("r"):
+        why = "'tile_axis' must be an output axis (d0, d1, ...)"
+    if not why:
+        why = loop_rule_problem(cfg, lambda a: a.startswith("d"),
+                                True if cfg["vec_axis"].startswith("r") else None)
+    return f"as a loop schedule: {why}" if why else ""
+
+
+def schedule_problem(op: Op, value: Any, target: CpuTarget | None = None) -> str:
+    """Why `value`, an `nf.schedule` attribute, cannot be the schedule of `op`; empty when it
+    can. A compute takes its space's parameter dict (every parameter, each value one of the
+    template's, the axes its own) or a `Schedule.to_dict()` form; an `nf.kernel` a
+    `GroupSchedule.to_dict()` form; explicit forms must lower."""
+    from nfc.codegen.lower import ScheduleError, lower
+    from nfc.codegen.schedule import schedule_from_dict
+
+    if not isinstance(value, dict):
+        return f"a schedule is a dictionary of parameters, not {type(value).__name__}"
+    if not isinstance(op, ComputeOp | KernelOp):
+        return f"'{op.opname}' has no schedule"
+    if "version" in value or "kind" in value:
+        kind = value.get("kind", "compute")
+        want = "compute" if isinstance(op, ComputeOp) else "group"
+        if kind != want:
+            return f"a schedule of kind '{kind}' given to a {want} op (want kind '{want}')"
+        try:
+            sched = schedule_from_dict(value)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            return f"malformed {kind} schedule: {err}"
+        try:
+            lower(op, sched)
+        except ScheduleError as err:
+            return str(err)
+        except (KeyError, TypeError, IndexError, ValueError) as err:
+            # a hand-written schedule may break lowering's assumptions in other ways
+            return f"the schedule does not fit this op ({type(err).__name__}: {err})"
+        return ""
+    if not isinstance(op, ComputeOp):
+        return "an nf.kernel needs a group schedule (kind 'group'), not space parameters"
+    space = schedule_space(op, target)
+    domains: dict[str, Any] = dict(space.params)
+    if isinstance(space, LoopSpace):
+        domains["vec"] = ANY_VEC  # another target's vector width lowers all the same
+    why = _domain_problem(value, {k: tuple(v) for k, v in domains.items()})
+    if not why:
+        if isinstance(space, GemmSpace):
+            why = gemm_rule_problem(value)
+        else:
+            why = loop_rule_problem(value, lambda a: a in space.dims, bool(space.raxes))
+    return f"not a schedule of this op's {space.kind} space: {why}" if why else ""
+
+
+def check_schedule_attrs(funcs: Iterable[Func], target: CpuTarget | None = None) -> None:
+    """Raise CompileError with one located diagnostic per op of `funcs` (computes inside
+    `nf.kernel` ops included) whose `nf.schedule` attribute `schedule_problem` refuses."""
+    from nfc.diagnostics import CompileError, Diagnostic
+
+    found: list[Diagnostic] = []
+    for f in funcs:
+        for op in f.body.ops:
+            inner = op.body.ops if isinstance(op, KernelOp) else []
+            for o in (op, *inner):
+                if SCHEDULE_ATTR in o.attrs:
+                    why = schedule_problem(o, o.attrs[SCHEDULE_ATTR], target)
+                    if why:
+                        # IR without `loc(...)` has no op location: name the op as well
+                        names = ", ".join(f"%{v.name}" for v in o.results if v.name)
+                        what = f"{names} ({o.opname} in @{f.name})" if names else o.opname
+                        found.append(Diagnostic(
+                            "error", f"invalid '{SCHEDULE_ATTR}' of {what}: {why}",
+                            o.loc or f.loc))
+    if found:
+        raise CompileError(found)
+
+
+__all__ = ["ANY_VEC", "GEMM_PARAMS", "LOOP_FIXED_PARAMS", "SCHEDULE_VERSION", "GemmPattern",
+           "GemmSpace", "LoopSpace", "check_schedule_attrs", "default_schedule",
+           "gemm_rule_problem", "loop_rule_problem", "match_gemm", "schedule_problem",
+           "schedule_space", "template_problem"]

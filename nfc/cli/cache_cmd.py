@@ -7,6 +7,7 @@
     nfc cache merge OTHER.sqlite
     nfc cache prune [--failed] [--keep-dominated] [--older-than DAYS] [--category ID] [--vacuum]
     nfc cache verify
+    nfc cache repair [--force]
 
 Category ids may be abbreviated to any unique prefix. Works standalone too:
 `python -m nfc.cli.cache_cmd --db PATH verify`.
@@ -23,9 +24,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from nfc.fsutil import atomic_output
 from nfc.runtime.tuning import exchange
 from nfc.runtime.tuning.cache import CacheError, TuningCache, default_cache_path
 from nfc.runtime.tuning.category import default_category, describe_category
+from nfc.runtime.tuning.model import CacheDamaged, MergeStats
+
+#: Rejected records listed one by one; the rest are only counted.
+SHOW_REJECTED = 10
 
 
 def _fmt_time(t: float | None) -> str:
@@ -37,9 +43,12 @@ def _fmt_time(t: float | None) -> str:
     return f"{t / 1e-9:.3g} ns"
 
 
+def _db_path(args: argparse.Namespace) -> Path:
+    return Path(args.db) if getattr(args, "db", None) else default_cache_path()
+
+
 def _open(args: argparse.Namespace, *, create: bool = False) -> TuningCache:
-    path = Path(args.db) if getattr(args, "db", None) else default_cache_path()
-    return TuningCache(path, create=create)
+    return TuningCache(_db_path(args), create=create)
 
 
 def _category(cache: TuningCache, prefix: str | None) -> str | None:
@@ -98,8 +107,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.output in (None, "-"):
             n = cache.export_jsonl(sys.stdout, category=cat, key=args.key)
         else:
-            with open(args.output, "w", encoding="utf-8") as fp:
+            # all or nothing: a failure (a damaged row, a full disk) leaves no half export
+            with atomic_output(args.output) as raw:
+                fp = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
                 n = cache.export_jsonl(fp, category=cat, key=args.key)
+                fp.flush()
+                fp.detach()  # atomic_output closes the file
     print(f"exported {n} record(s)", file=sys.stderr)
     return 0
 
@@ -112,30 +125,47 @@ def _current_category(text: str | None) -> dict[str, Any]:
         cat = json.loads(raw)
     except json.JSONDecodeError as err:
         raise CacheError(f"--category is not JSON: {err.msg}") from None
+    except RecursionError:
+        raise CacheError("--category is not a category: JSON nested too deeply") from None
     if not isinstance(cat, dict):
         raise CacheError("--category must be a JSON object")
     return cat
+
+
+def _print_rejected(stats: MergeStats) -> None:
+    if not stats.rejected:
+        return
+    print(f"rejected {len(stats.rejected)} implausible record(s) (not stored):",
+          file=sys.stderr)
+    for why in stats.rejected[:SHOW_REJECTED]:
+        print(f"  {why}", file=sys.stderr)
+    if len(stats.rejected) > SHOW_REJECTED:
+        print(f"  ... and {len(stats.rejected) - SHOW_REJECTED} more", file=sys.stderr)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
     current = _current_category(args.category)
     text = Path(args.file).read_text(encoding="utf-8")
     # validate before opening, so a refused import does not leave an empty cache behind
-    records = exchange.read_jsonl(io.StringIO(text), source=args.file)
+    records, _ = exchange.read_jsonl(io.StringIO(text), source=args.file)
     if not args.allow_foreign_category:
         exchange.check_categories(records, current)
     with _open(args, create=True) as cache:
         stats = cache.import_jsonl(io.StringIO(text), current_category=current,
-                                   allow_foreign_category=args.allow_foreign_category)
+                                   allow_foreign_category=args.allow_foreign_category,
+                                   source=args.file)
     print(f"imported {stats.added} new, {stats.updated} updated, "
-          f"{stats.skipped} skipped (not newer)")
+          f"{stats.skipped} skipped (not newer), {len(stats.rejected)} rejected")
+    _print_rejected(stats)
     return 0
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     with _open(args, create=True) as cache:
         stats = cache.merge(args.other)
-    print(f"merged {stats.added} new, {stats.updated} updated, {stats.skipped} skipped")
+    print(f"merged {stats.added} new, {stats.updated} updated, {stats.skipped} skipped, "
+          f"{len(stats.rejected)} rejected")
+    _print_rejected(stats)
     return 0
 
 
@@ -150,13 +180,30 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    with _open(args) as cache:
-        problems = cache.verify()
+    path = _db_path(args)
+    try:
+        with TuningCache(path, create=False, check=False) as cache:
+            problems = cache.verify()
+    except CacheDamaged as err:  # so damaged that it does not even open
+        problems = err.problems
     for p in problems:
         print(f"problem: {p}")
     if problems:
-        raise CacheError(f"'{cache.path}' has {len(problems)} problem(s)")
+        raise CacheError(f"'{path}' has {len(problems)} problem(s); `nfc cache repair --db "
+                         f"{path}` rebuilds it from the records that can still be read")
     print("ok")
+    return 0
+
+
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from nfc.runtime.tuning.repair import repair_cache
+
+    result = repair_cache(_db_path(args), force=args.force)
+    for p in result.problems[:SHOW_REJECTED]:
+        print(f"problem: {p}", file=sys.stderr)
+    print(result.message())
+    for why in result.rejected[:SHOW_REJECTED]:
+        print(f"  left out: {why}", file=sys.stderr)
     return 0
 
 
@@ -199,6 +246,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--category", metavar="ID", help="only in this category (id prefix)")
     p.add_argument("--vacuum", action="store_true", help="compact the file afterwards")
     add("verify", _cmd_verify, "check integrity, JSON fields and the Pareto rule")
+    p = add("repair", _cmd_repair, "rebuild a damaged cache from the records that still "
+            "read back (the damaged file is kept as <file>.damaged-<time>)")
+    p.add_argument("--force", action="store_true", help="rebuild even when verify finds "
+                   "no problem")
     parser.set_defaults(func=run, cache_parser=parser)
 
 

@@ -135,7 +135,11 @@ def load_module(text: str, filename: str, *, params: dict[str, int | float | boo
     """The module of IR text or .nf source (sniffed as in `is_ir`)."""
     if is_ir(text, filename):
         from nfc.irparser import parse_module
-        return parse_module(text, filename)
+        module = parse_module(text, filename)
+        if "nf.schedule" in text:  # schedules in IR must fit their ops (located errors)
+            from nfc.codegen.space import check_schedule_attrs
+            check_schedule_attrs(module.funcs)
+        return module
     from nfc.frontend import compile_source
     return compile_source(text, filename, params=params, training=training)
 

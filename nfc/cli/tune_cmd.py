@@ -61,8 +61,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=10.0, metavar="SEC",
                    help="seconds a candidate may run before it counts as hung (default 10)")
     p.add_argument("--confirm", type=int, default=2, metavar="N",
-                   help="re-measure each kernel's winner against the default N times and set "
-                   "it aside if it loses (timing noise); 0 trusts the search (default 2)")
+                   help="re-measure each kernel's winner side by side with the default (N "
+                   "rounds, repeats interleaved), report those medians and set the winner "
+                   "aside if it loses (timing noise); 0 trusts the search (default 2)")
     p.add_argument("--compare-step", action="store_true",
                    help="afterwards, time the whole step with default and tuned schedules")
     p.add_argument("--report", metavar="OUT.json", help="write the report as JSON")
@@ -121,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     with cache:
         progress = Progress(0, trials, quiet=args.quiet)
-        report = tune_module(module, cache, options=options, progress=progress,
-                             source=str(src))
+        try:
+            report = tune_module(module, cache, options=options, progress=progress,
+                                 source=str(src))
+        except CacheError as exc:  # damage met while tuning: what is recorded stays
+            raise UsageError(str(exc)) from None
     print(report.table())
     if args.report:
         report.write_json(args.report)

@@ -12,6 +12,7 @@ from nfc.runtime.tuning.cache import SCHEMA_VERSION, TuningCache, default_cache_
 from nfc.runtime.tuning.category import cpu_category, cuda_category, default_category
 from nfc.runtime.tuning.measure import MeasureOptions, Measurer, MeasureSetupError, Task
 from nfc.runtime.tuning.model import (
+    CacheDamaged,
     CacheError,
     Entry,
     KeyInfo,
@@ -30,8 +31,9 @@ from nfc.runtime.tuning.search import (
 )
 
 __all__ = [
-    "SCHEMA_VERSION", "CacheError", "Entry", "KeyInfo", "MeasureOptions", "MeasureSetupError",
-    "Measurement", "Measurer", "MergeStats", "Mode", "ScheduleSpace", "SearchConfig",
-    "SearchResult", "Status", "Task", "TuningCache", "category_id", "cpu_category",
-    "cuda_category", "default_cache_path", "default_category", "progress_bar", "tune",
+    "SCHEMA_VERSION", "CacheDamaged", "CacheError", "Entry", "KeyInfo", "MeasureOptions",
+    "MeasureSetupError", "Measurement", "Measurer", "MergeStats", "Mode", "ScheduleSpace",
+    "SearchConfig", "SearchResult", "Status", "Task", "TuningCache", "category_id",
+    "cpu_category", "cuda_category", "default_cache_path", "default_category", "progress_bar",
+    "tune",
 ]

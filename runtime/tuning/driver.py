@@ -59,9 +59,9 @@ from nfc.runtime.tuning.model import (
 from nfc.runtime.tuning.report import KernelReport, Progress, TuneReport, speedup_history
 from nfc.runtime.tuning.search import SearchConfig, SearchResult, tune
 
-__all__ = ["BUILDER", "REFERENCE", "CacheUse", "TuneOptions", "apply_cached_schedules",
-           "build_model", "checked_options", "compare_step_times", "confirm_best",
-           "estimate_kernel_times", "kernel_key", "kernel_seed", "schedule_lookup",
+__all__ = ["BUILDER", "REFERENCE", "CacheUse", "Confirmation", "TuneOptions",
+           "apply_cached_schedules", "build_model", "checked_options", "compare_step_times",
+           "confirm_best", "estimate_kernel_times", "kernel_key", "kernel_seed", "schedule_lookup",
            "schedules_from_cache", "step_samples", "training_functions", "tune_kernel",
            "tune_module"]
 
@@ -106,8 +106,8 @@ class TuneOptions:
     step_repeats: int = 20
     """Timed steps per build for `compare_step`."""
     confirm: int = 2
-    """Rounds of re-measuring a kernel's winner against the default after its search (0:
-    trust the search's single measurement); see `confirm_best`."""
+    """Rounds of re-measuring a kernel's winner side by side with the default after its
+    search (0: trust the search's single measurements); see `confirm_best`."""
 
 
 def build_model(path: str | os.PathLike[str], settings: Sequence[str] = ()) -> Module:
@@ -300,12 +300,13 @@ def _no_measure(schedule: dict[str, Any]) -> Any:
 
 def tune_kernel(k: Kernel, cache: Any, category: Mapping[str, Any], options: TuneOptions, *,
                 time_budget: float | None = None,
-                progress: Callable[[str, int, float], None] | None = None
-                ) -> tuple[SearchResult, int]:
+                progress: Callable[[str, int, float], None] | None = None,
+                clock: Callable[[], float] = time.monotonic
+                ) -> tuple[SearchResult, Confirmation]:
     """Search one kernel's schedule space (see the module doc), then confirm the winner
     (`confirm_best`); returns the result (schedule and time as the cache now has them) and
-    how many winners the confirmation rejected. Raises MeasureSetupError when the kernel
-    cannot be measured at all, ValueError when it has no schedule space."""
+    the confirmation (side-by-side times, rejected winners). Raises MeasureSetupError when
+    the kernel cannot be measured at all, ValueError when it has no schedule space."""
     from nfc.codegen.tuning import space as space_of
 
     spec = kernel_spec(k)
@@ -316,21 +317,21 @@ def tune_kernel(k: Kernel, cache: Any, category: Mapping[str, Any], options: Tun
                           reproducible=options.reproducible)
     if options.mode is Mode.HEURISTIC:
         return tune(space, _no_measure, cache=cache, category=category, key=k.key,
-                    desc=k.desc, config=config), 0
+                    desc=k.desc, config=config), Confirmation()
     task = Task(BUILDER, spec, reference=REFERENCE, seed=0)
     with Measurer(task, checked_options(k, options.measure)) as measure:
         res = tune(space, measure, cache=cache, category=category, key=k.key, desc=k.desc,
-                   config=config, progress=progress)
-        rejected = 0
+                   config=config, progress=progress, clock=clock)
+        confirmation = Confirmation()
         if options.mode is Mode.FULL and options.confirm > 0 and res.measured:
-            rejected = confirm_best(cache, category, k.key, space.default(), measure,
-                                    rounds=options.confirm, reproducible=options.reproducible,
-                                    desc=k.desc)
-    if rejected:
+            confirmation = confirm_best(cache, category, k.key, space.default(), measure,
+                                        rounds=options.confirm,
+                                        reproducible=options.reproducible, desc=k.desc)
+    if confirmation.rejected:
         best = cache.best(category, k.key, reproducible=options.reproducible)
         if best is not None:
             res = dataclasses.replace(res, schedule=dict(best.schedule), time=best.time)
-    return res, rejected
+    return res, confirmation
 
 
 #: Unit roundoff of the dtypes a sum may accumulate in.
@@ -359,30 +360,66 @@ def _median_measurement(ms: Sequence[Measurement]) -> Measurement:
     return ordered[(len(ordered) - 1) // 2]
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """What `confirm_best` found."""
+
+    rejected: int = 0
+    """Search winners that were not faster than the default when re-measured."""
+    default_time: float | None = None
+    """Median seconds of the default in the side-by-side re-measurement (None: none ran)."""
+    best_time: float | None = None
+    """Median seconds of the confirmed winner in the same re-measurement."""
+    rounds: int = 0
+    """Rounds of the re-measurement that produced the two times."""
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether a winner held against the default, side by side."""
+        return self.default_time is not None and self.best_time is not None
+
+
+def _side_by_side(measure: Callable[[dict[str, Any]], Measurement], a: dict[str, Any],
+                  b: dict[str, Any]) -> tuple[Measurement, Measurement]:
+    """`a` and `b` measured in one worker with their repeats interleaved (a `Measurer`'s
+    `compare`), else one after the other. A crash that fails both is retried apart, so that
+    the culprit is known."""
+    compare = getattr(measure, "compare", None)
+    if compare is not None:
+        ma, mb = compare([a, b])
+        if ma.status is Status.OK or mb.status is Status.OK:
+            return ma, mb
+    return measure(dict(a)), measure(dict(b))
+
+
 def confirm_best(cache: Any, category: Mapping[str, Any], key: str,
                  default: Mapping[str, Any], measure: Callable[[dict[str, Any]], Measurement],
                  *, rounds: int = 2, attempts: int = 3, reproducible: bool = False,
-                 desc: str = "") -> int:
-    """Re-measure the cache's best schedule of `key` against the default, alternately
-    `rounds` times each; when the best is not faster after all (a winner by timing noise, as
-    on a loaded machine), record both re-measurements (the medians) so that the cache stops
-    preferring it, and confirm the next best, up to `attempts` times. Returns how many
-    winners were rejected. Nothing is rewritten when the winner holds, so a rerun of the
-    search still replays the recorded times exactly."""
+                 desc: str = "") -> Confirmation:
+    """Re-measure the cache's best schedule of `key` side by side with the default
+    (`rounds` times, each a `Measurer.compare` of the two, whose timed repeats interleave:
+    the same process, the same moment); the medians decide. When the best is not faster
+    after all (a winner by timing noise, as on a loaded machine), record both medians so
+    that the cache stops preferring it, and confirm the next best, up to `attempts` times.
+    Returns the medians of the re-measurement that held, which the report shows (the
+    search's single measurements are not: one disturbed run of the default once showed a
+    4,347x speedup). Nothing is rewritten when the winner holds, so a rerun of the search
+    still replays the recorded times exactly."""
     default = canonical_schedule(default)
     rejected = 0
     for _ in range(attempts):
         best = cache.best(category, key, reproducible=reproducible)
         if best is None or canonical_json(best.schedule) == canonical_json(default):
-            return rejected
+            return Confirmation(rejected)
         dms, bms = [], []
         for _ in range(max(1, rounds)):
-            dms.append(measure(dict(default)))
-            bms.append(measure(dict(best.schedule)))
+            dm, bm = _side_by_side(measure, dict(default), dict(best.schedule))
+            dms.append(dm)
+            bms.append(bm)
         d_ok = [m for m in dms if m.status is Status.OK]
         b_ok = [m for m in bms if m.status is Status.OK]
         if not d_ok:
-            return rejected  # the default itself fails now: nothing to compare against
+            return Confirmation(rejected)  # the default itself fails now: no comparison
         if len(b_ok) < len(bms):  # it failed on a rerun: flaky, never choose it again
             bad = next(m for m in bms if m.status is not Status.OK)
             cache.put_measurement(category, key, best.schedule, bad, naive=best.naive,
@@ -390,26 +427,31 @@ def confirm_best(cache: Any, category: Mapping[str, Any], key: str,
             rejected += 1
             continue
         d_med, b_med = _median_measurement(d_ok), _median_measurement(b_ok)
-        assert d_med.time is not None and b_med.time is not None
-        if b_med.time < d_med.time:
-            return rejected
+        d_time = statistics.median(m.time for m in d_ok if m.time is not None)
+        b_time = statistics.median(m.time for m in b_ok if m.time is not None)
+        if b_time < d_time:
+            return Confirmation(rejected, d_time, b_time, len(bms))
         cache.put_measurement(category, key, default, d_med, naive=True, desc=desc)
         cache.put_measurement(category, key, best.schedule, b_med, naive=best.naive, desc=desc)
         rejected += 1
-    return rejected
+    return Confirmation(rejected)
 
 
 def _kernel_report(k: Kernel, share: float, res: SearchResult, cache: Any,
                    category: Mapping[str, Any], history: tuple[float, ...], seconds: float,
-                   mode: Mode, rejected: int = 0) -> KernelReport:
+                   mode: Mode, confirmation: Confirmation | None = None) -> KernelReport:
     from nfc.codegen.tuning import space as space_of
 
+    conf = confirmation or Confirmation()
     default = space_of(kernel_spec(k)).default()
-    # the recorded time: a confirmation may have replaced the search's measurement
-    default_time = _recorded_time(cache, category, k.key, default)
-    if default_time is None:
-        default_time = res.default_time
-    best = res.time
+    if conf.confirmed:  # the side-by-side medians: what the report trusts most
+        default_time, best = conf.default_time, conf.best_time
+    else:
+        # the recorded times: a confirmation may have replaced the search's measurement
+        default_time = _recorded_time(cache, category, k.key, default)
+        if default_time is None:
+            default_time = res.default_time
+        best = res.time
     speedup = res.speedup
     if default_time is not None and best is not None and best > 0:
         speedup = default_time / best
@@ -417,7 +459,8 @@ def _kernel_report(k: Kernel, share: float, res: SearchResult, cache: Any,
     note = "not in the cache: default schedule" if status == "heuristic" and best is None else ""
     return KernelReport(k.key, k.desc, k.count, share, status, default_time, best, speedup,
                         res.evaluated, res.measured, res.failed, res.stop_reason,
-                        dict(res.schedule), note, tuple(k.locs), seconds, history, rejected)
+                        dict(res.schedule), note, tuple(k.locs), seconds, history,
+                        conf.rejected, conf.confirmed)
 
 
 def _skip(k: Kernel, share: float, status: str, note: str) -> KernelReport:
@@ -426,13 +469,14 @@ def _skip(k: Kernel, share: float, status: str, note: str) -> KernelReport:
 
 def tune_module(module: Module, cache: Any, *, category: Mapping[str, Any] | None = None,
                 options: TuneOptions | None = None, progress: Progress | None = None,
-                source: str = "") -> TuneReport:
+                source: str = "", clock: Callable[[], float] = time.monotonic) -> TuneReport:
     """Tune the distinct kernels of `options.functions` (default: the training step) into
     `cache`, most expensive first; returns the report. Ctrl-C stops after the kernel in
-    flight is abandoned (its recorded candidates stay) and returns a partial report."""
+    flight is abandoned (its recorded candidates stay) and returns a partial report.
+    `clock` (seconds) measures the time budget; a test may pass a fake one."""
     opts = options or TuneOptions()
     category = dict(category) if category is not None else default_category()
-    start = time.monotonic()
+    start = clock()
     functions = list(opts.functions) or training_functions(module)
     kernels = collect_kernels(module, functions)
     times, order_used = estimate_kernel_times(module, functions, kernels, opts.order)
@@ -458,7 +502,7 @@ def tune_module(module: Module, cache: Any, *, category: Mapping[str, Any] | Non
     for index, k in enumerate(chosen, 1):
         budget = None
         if deadline is not None:
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             rest = sum(times[c.key] for c in chosen[index - 1:]) or 1.0
             if left <= 0:
                 done[k.key] = _skip(k, share[k.key], "skipped", "time budget spent")
@@ -473,8 +517,8 @@ def tune_module(module: Module, cache: Any, *, category: Mapping[str, Any] | Non
             progress.trial(kernel, trial, speedup)
         t0 = time.monotonic()
         try:
-            res, rejected = tune_kernel(k, cache, category, opts, time_budget=budget,
-                                        progress=on_trial)
+            res, confirmation = tune_kernel(k, cache, category, opts, time_budget=budget,
+                                            progress=on_trial, clock=clock)
         except KeyboardInterrupt:
             interrupted = True
             done[k.key] = _skip(k, share[k.key], "skipped", "interrupted")
@@ -485,7 +529,7 @@ def tune_module(module: Module, cache: Any, *, category: Mapping[str, Any] | Non
         else:
             done[k.key] = _kernel_report(k, share[k.key], res, cache, category,
                                          speedup_history(trace), time.monotonic() - t0,
-                                         opts.mode, rejected)
+                                         opts.mode, confirmation)
         progress.done(done[k.key])
     rows = []
     for k in kernels:
@@ -501,8 +545,7 @@ def tune_module(module: Module, cache: Any, *, category: Mapping[str, Any] | Non
                                                       repeats=opts.step_repeats)
     return TuneReport(source or module.name, tuple(functions), str(getattr(cache, "path", "")),
                       category_id(category), str(opts.mode), order_used,
-                      time.monotonic() - start, tuple(rows), interrupted, step_default,
-                      step_tuned)
+                      clock() - start, tuple(rows), interrupted, step_default, step_tuned)
 
 
 # ---------------------------------------------------------------------------------------------

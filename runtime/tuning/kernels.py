@@ -17,12 +17,20 @@ kernel with the key: `localize` renames its axis-valued parameters to a given op
 builder (`build_artifact(schedule_for=schedule_lookup(...))`); `apply_cached_schedules`
 writes the answers into the IR as each op's `nf.schedule` attribute, which codegen honours,
 the IR printer shows and the library cache's hash of the printed module covers.
+
+**Trust.** The cache is data from disk, so compiling trusts nothing in it blindly: a cache
+that is damaged (or unreadable, or of a newer schema) is not used at all, with a warning, and
+every kernel gets its default schedule; of a usable cache each kernel takes the fastest
+record whose schedule is valid in the kernel's own schedule space and whose time is not below
+`time_floor` (the time to move the kernel's bytes at an absurd bandwidth), so a forged or
+broken record costs at most its own use, never a wrong or failing build.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +64,17 @@ KEY_VERSION = 1
 KEY_PREFIX = f"nfk{KEY_VERSION}-"
 #: The op attribute the code generator reads a schedule from (nfc.codegen.jit.SCHEDULE_ATTR).
 SCHEDULE_ATTR = "nf.schedule"
+#: Bytes per second no CPU moves a kernel's operands at (100 TB/s: above the summed L1
+#: bandwidth of every core of today's largest CPUs); `time_floor` divides by it.
+ABSURD_BANDWIDTH = 1e14
+
+Warn = Callable[[str], None]
+"""Hears a warning about the tuning cache (default: `nfc: warning: ...` on stderr)."""
+
+
+def warn_stderr(message: str) -> None:
+    """The default `Warn`: one `nfc: warning:` paragraph on stderr."""
+    print(f"nfc: warning: {message}", file=sys.stderr, flush=True)
 
 KernelLike = ComputeOp | KernelOp
 
@@ -294,48 +313,98 @@ def kernel_spec(k: Kernel) -> dict[str, Any]:
 # using the cache
 
 
-def open_cache(db: str | Path | None = None) -> Any:
+def open_cache(db: str | Path | None = None, *, warn: Warn | None = None) -> Any:
     """The tuning cache at `db` (default: nfc's default path) for reading, or None when
-    there is no cache file yet (compiling never creates one)."""
+    there is no cache file yet (compiling never creates one) or when it cannot be used
+    (damaged, not a tuning cache, a newer schema: `warn` hears why, and compiling goes on
+    with default schedules)."""
     from nfc.runtime.tuning.cache import TuningCache, default_cache_path
     from nfc.runtime.tuning.model import CacheError
 
     path = Path(db) if db is not None else default_cache_path()
-    if not path.exists():
-        return None
+    try:
+        if path.stat().st_size == 0:
+            return None  # created by a tuner stopped before its first write: nothing in it
+    except OSError:
+        return None  # no file: nothing tuned yet
     try:
         return TuningCache(path, create=False)
-    except CacheError:
+    except CacheError as err:
+        (warn or warn_stderr)(f"{err}\n  compiling with default schedules")
         return None
 
 
-def _best(cache: Any, category: Mapping[str, Any], key: str, reproducible: bool
-          ) -> dict[str, Any] | None:
+def time_floor(op: KernelLike) -> float:
+    """The least time a record of `op` may claim to be used: the larger of `MIN_TIME` and
+    the time to move the kernel's compulsory bytes at `ABSURD_BANDWIDTH`."""
+    from nfc.runtime.tuning.model import MIN_TIME
+
+    try:
+        _, nbytes = flops_bytes(op)
+    except (ValueError, KeyError, TypeError):
+        nbytes = 0
+    return max(MIN_TIME, nbytes / ABSURD_BANDWIDTH)
+
+
+def _acceptable(op: KernelLike | None, entry: Any, floor: float) -> bool:
+    if entry.time is None or entry.time < floor:
+        return False
+    return op is None or not isinstance(op, ComputeOp) or _usable(op, entry.schedule) is not None
+
+
+def _best(cache: Any, category: Mapping[str, Any], key: str, reproducible: bool,
+          op: KernelLike | None = None) -> dict[str, Any] | None:
+    """The fastest record of `key` that `op` can use (see the module docstring): the cache's
+    best when it is, else the fastest acceptable one among every ok record, pruned ones
+    included (an unusable record may have pushed the good ones off the Pareto front)."""
+    floor = time_floor(op) if op is not None else 0.0
     entry = cache.best(category, key, reproducible=reproducible)
-    return None if entry is None else dict(entry.schedule)
+    if entry is None:
+        return None
+    if _acceptable(op, entry, floor):
+        return dict(entry.schedule)
+    rest = [e for e in cache.entries(category, key, include_failed=False, include_pruned=True)
+            if e.time is not None and (e.reproducible or not reproducible)]
+    for e in sorted(rest, key=lambda e: (e.time, e.workspace)):
+        if _acceptable(op, e, floor):
+            return dict(e.schedule)
+    return None
 
 
 def schedules_from_cache(module_or_kernels: Module | Iterable[KernelLike | Kernel], cache: Any,
                          category: Mapping[str, Any] | None = None, *,
-                         reproducible: bool = False) -> dict[str, dict[str, Any]]:
+                         reproducible: bool = False,
+                         warn: Warn | None = None) -> dict[str, dict[str, Any]]:
     """The best cached schedule of every kernel that has one: key -> schedule (in canonical
     axis names; `localize` renames them for one op). Only records of `category` (default:
     this machine's, nfc.runtime.tuning.default_category) are considered; `reproducible`
-    selects the best bitwise-reproducible entry instead of the fastest."""
+    selects the best bitwise-reproducible entry instead of the fastest. Records an op cannot
+    use are passed over (see the module docstring). Damage met while reading: `warn` hears
+    it and the answer is empty (default schedules for all)."""
     from nfc.runtime.tuning.category import default_category
+    from nfc.runtime.tuning.model import CacheError
 
     category = category if category is not None else default_category()
+    ops: dict[str, KernelLike | None] = {}
     if isinstance(module_or_kernels, Module):
-        keys = [k.key for k in collect_kernels(module_or_kernels)]
+        ops = {k.key: k.op for k in collect_kernels(module_or_kernels)}
     else:
-        keys = [k.key if isinstance(k, Kernel) else kernel_key(k) for k in module_or_kernels]
+        for k in module_or_kernels:
+            if isinstance(k, Kernel):
+                ops.setdefault(k.key, k.op)
+            else:
+                ops.setdefault(kernel_key(k), k)
     out: dict[str, dict[str, Any]] = {}
     if cache is None:
         return out
-    for key in dict.fromkeys(keys):
-        best = _best(cache, category, key, reproducible)
-        if best is not None:
-            out[key] = best
+    try:
+        for key, op in ops.items():
+            best = _best(cache, category, key, reproducible, op)
+            if best is not None:
+                out[key] = best
+    except CacheError as err:
+        (warn or warn_stderr)(f"{err}\n  compiling with default schedules")
+        return {}
     return out
 
 
@@ -353,10 +422,11 @@ def _usable(op: Op, schedule: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def schedule_lookup(module: Module, cache: Any, category: Mapping[str, Any] | None = None, *,
-                    reproducible: bool = False) -> Callable[[Op], dict[str, Any] | None]:
+                    reproducible: bool = False,
+                    warn: Warn | None = None) -> Callable[[Op], dict[str, Any] | None]:
     """A `schedule_for(op)` callback for `build_artifact`: the op's best cached schedule
     (localized to its axes), or None to let the builder use the IR's or the default."""
-    table = schedules_from_cache(module, cache, category, reproducible=reproducible)
+    table = schedules_from_cache(module, cache, category, reproducible=reproducible, warn=warn)
 
     def schedule_for(op: Op) -> dict[str, Any] | None:
         if not isinstance(op, ComputeOp | KernelOp):
@@ -382,9 +452,14 @@ class CacheUse:
     """Ops that already carried an `nf.schedule` (left alone)."""
     path: str = ""
     """The cache file, empty when there is none."""
+    problem: str = ""
+    """Why the cache file was not used (damaged, unreadable); empty when it was."""
 
     def message(self) -> str:
         """One line for `nfc compile` / `nfc train`."""
+        if self.problem:
+            return (f"tuning cache: {self.path} not used ({self.problem}); default schedules "
+                    f"for all {self.total} kernels")
         if not self.path:
             return f"tuning cache: none; default schedules for all {self.total} kernels"
         text = (f"tuning cache: {self.found} of {self.total} kernels found "
@@ -397,20 +472,30 @@ class CacheUse:
 def apply_cached_schedules(module: Module, cache: Any = None,
                            category: Mapping[str, Any] | None = None, *,
                            db: str | Path | None = None, reproducible: bool = False,
-                           overwrite: bool = False) -> CacheUse:
+                           overwrite: bool = False, warn: Warn | None = None) -> CacheUse:
     """Give every kernel op with a tuned schedule in the cache that schedule, as its
     `nf.schedule` attribute (ops that already have one keep it unless `overwrite`).
 
     `cache` is an open TuningCache; without one the file `db` (default: nfc's default cache
     path) is opened read-only if it exists. Only records of `category` (default: this
-    machine's) are used.
+    machine's) are used. A cache that cannot be used (damaged) is left alone: `warn` hears
+    why (default: stderr) and every kernel keeps its default schedule.
     """
+    from nfc.runtime.tuning.cache import default_cache_path
+
+    problems: list[str] = []
+
+    def note(message: str) -> None:
+        problems.append(message)
+        (warn or warn_stderr)(message)
+
     own = cache is None
     if own:
-        cache = open_cache(db)
+        cache = open_cache(db, warn=note)
     try:
         kernels = collect_kernels(module)
-        table = schedules_from_cache(kernels, cache, category, reproducible=reproducible)
+        table = schedules_from_cache(kernels, cache, category, reproducible=reproducible,
+                                     warn=note)
         found: set[str] = set()
         calls_found = kept = 0
         for k in kernels:
@@ -425,8 +510,12 @@ def apply_cached_schedules(module: Module, cache: Any = None,
                     op.attrs[SCHEDULE_ATTR] = local
                     found.add(k.key)
                     calls_found += 1
+        path = str(cache.path) if cache is not None else ""
+        if problems:
+            path = path or str(Path(db) if db is not None else default_cache_path())
         return CacheUse(len(found), len(kernels), calls_found, sum(k.count for k in kernels),
-                        kept, str(cache.path) if cache is not None else "")
+                        kept, path, ("damaged" if "damaged" in problems[0] else "unusable")
+                        if problems else "")
     finally:
         if own and cache is not None:
             cache.close()

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,6 +246,49 @@ class Measurer:
             return Measurement(status, error=str(event.get("error", "")))
         return Measurement(Status.OK, float(event["time"]), float(event["spread"]),
                            int(event["workspace"]), bool(event["reproducible"]))
+
+    def compare(self, schedules: Sequence[Mapping[str, Any]]) -> list[Measurement]:
+        """Measure `schedules` side by side: built and checked in one worker, then timed in
+        turns (one repeat of each per turn), so that whatever disturbs the machine meanwhile
+        disturbs all of them alike. One measurement per schedule, in order; never raises for
+        a bad candidate (a crash or a hang fails all of them: which one caused it is
+        unknown)."""
+        if self._worker is not None and self._worker.proc.poll() is not None:
+            self._drop()
+        self.prepare()
+        worker = self._worker
+        assert worker is not None
+        o = self.options
+        n = max(1, len(schedules))
+        req = {**self._request("compare"), "schedules": [dict(s) for s in schedules]}
+        try:
+            worker.send(req)
+            event = worker.read(o.build_timeout * n)
+            if event is None:
+                self._drop(kill=True)
+                return [Measurement(Status.TIMEOUT, error=f"build took over "
+                                    f"{o.build_timeout * n:g} s")] * len(schedules)
+            if event.get("event") == "built":
+                event = worker.read(o.timeout * n)
+                if event is None:
+                    self._drop(kill=True)
+                    return [Measurement(Status.TIMEOUT, error=f"runs took over "
+                                        f"{o.timeout * n:g} s")] * len(schedules)
+        except _WorkerDied:
+            self._worker = None
+            self.restarts += 1
+            why = worker.death()
+            return [Measurement(Status.FAILED, error=why)] * len(schedules)
+        assert event.get("event") == "results", f"unexpected worker event {event!r}"
+        out = []
+        for res in event["results"]:
+            status = Status(res["status"])
+            if status is not Status.OK:
+                out.append(Measurement(status, error=str(res.get("error", ""))))
+            else:
+                out.append(Measurement(Status.OK, float(res["time"]), float(res["spread"]),
+                                       int(res["workspace"]), bool(res["reproducible"])))
+        return out
 
     def _drop(self, kill: bool = False) -> None:
         if self._worker is not None:

@@ -18,6 +18,33 @@ class CacheError(Exception):
     """A problem the user can fix: a missing, corrupt, newer or foreign cache or export."""
 
 
+class CacheDamaged(CacheError):
+    """The cache file is damaged (not a database, a failed integrity check, unreadable
+    pages or records). The message names the file and the ways out; `problems` lists what
+    the check found."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = list(problems) or ["unknown damage"]
+        first = self.problems[0].replace("\n", " ").strip()
+        more = f" (and {len(self.problems) - 1} more problem(s))" if len(self.problems) > 1 \
+            else ""
+        super().__init__(
+            f"'{path}' is not a usable tuning cache, it is damaged: {first}{more}\n"
+            f"  `nfc cache verify --db {path}` lists the damage; `nfc cache repair --db "
+            f"{path}` moves the file aside (to {path}.damaged-<time>) and rebuilds it from "
+            "the records that can still be read; or move the file away yourself to start "
+            "an empty cache")
+
+
+MIN_TIME = 1e-9
+"""The shortest time an `ok` record may claim, in seconds. One nanosecond is a few clock
+cycles: no kernel call, not even an empty one through the measuring worker's function
+pointer (a few hundred nanoseconds), is that fast, so a smaller time is a forged or broken
+record. Imports and merges reject such records, `verify` reports them, and compiling never
+picks them (it also applies a per-kernel floor, `kernels.time_floor`)."""
+
+
 class Status(enum.StrEnum):
     """The outcome of measuring one schedule."""
 
@@ -131,6 +158,8 @@ class MergeStats:
     """Records that replaced an older measurement of the same schedule."""
     skipped: int = 0
     """Records older than (or as old as) the measurement already stored."""
+    rejected: tuple[str, ...] = ()
+    """Records refused as implausible, each as `where: why` (nothing of them is stored)."""
 
 
 def _json_default(obj: object) -> Any:

@@ -15,6 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+IMPLAUSIBLE_SPEEDUP = 100.0
+"""A kernel speedup above this is not believed. The default schedules are the code
+generator's heuristic choices (vectorized, register-tiled, parallel when large), so a tuned
+schedule that beats one by two orders of magnitude is far likelier a disturbed measurement of
+the default (a descheduled thread, a page-fault storm) than a real gain: such a kernel is
+flagged in the table and left out of the step totals."""
+
 
 def fmt_time(t: float | None) -> str:
     """`1.23 ms`-style text of seconds (`-` for unknown)."""
@@ -74,6 +81,14 @@ class KernelReport:
     """Best speedup so far after each trial (for the plot)."""
     rejected: int = 0
     """Winners of the search that lost to the default when re-measured (timing noise)."""
+    confirmed: bool = False
+    """The default and best times are medians of a side-by-side re-measurement (interleaved
+    in one worker), not the search's single measurements."""
+
+    @property
+    def implausible(self) -> bool:
+        """The speedup is beyond `IMPLAUSIBLE_SPEEDUP` (see there): not believed."""
+        return self.best_time is not None and self.speedup > IMPLAUSIBLE_SPEEDUP
 
 
 @dataclass(frozen=True)
@@ -105,9 +120,11 @@ class TuneReport:
     """Measured step time with the tuned schedules (`--compare-step`)."""
 
     def estimated_step(self) -> tuple[float, float] | None:
-        """(default, tuned) sum of count x time over the kernels with both times known."""
+        """(default, tuned) sum of count x time over the kernels with both times known and
+        a believable speedup (`KernelReport.implausible` ones are left out)."""
         pairs = [(k.count * k.default_time, k.count * k.best_time) for k in self.kernels
-                 if k.default_time is not None and k.best_time is not None]
+                 if k.default_time is not None and k.best_time is not None
+                 and not k.implausible]
         if not pairs:
             return None
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
@@ -120,6 +137,8 @@ class TuneReport:
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-able data (`--report out.json`)."""
         data = asdict(self)
+        for k, d in zip(self.kernels, data["kernels"], strict=True):
+            d["implausible"] = k.implausible
         est = self.estimated_step()
         data["estimated_step"] = None if est is None else {"default": est[0], "tuned": est[1]}
         data["measured"] = self.measured
@@ -138,6 +157,11 @@ class TuneReport:
         for n, k in enumerate(self.kernels, 1):
             trials = f"{k.trials} ({k.measured} new)" if k.trials else "-"
             speed = f"{k.speedup:.2f}x" if k.best_time is not None else "-"
+            if k.implausible:
+                speed = f"{k.speedup:.0f}x?"
+            elif k.best_time is not None and k.measured and not k.confirmed and \
+                    k.speedup > 1:
+                speed += "*"
             text = f"{k.desc}  [{k.status}: {k.note}]" if k.note else k.desc
             lines.append(f"{n:>3} {100 * k.share:>5.1f}% {k.count:>5} {fmt_time(k.default_time):>9}"
                          f" {fmt_time(k.best_time):>9} {speed:>8} {trials:>11}  {text}")
@@ -151,6 +175,16 @@ class TuneReport:
         text = (f"{done} of {len(self.kernels)} kernels tuned ({self.mode} mode, kernels "
                 f"ranked by {self.order}) in {fmt_duration(self.seconds)}: {self.measured} "
                 f"candidates measured, {fails} failed; cache {self.db}")
+        odd = [k for k in self.kernels if k.implausible]
+        if odd:
+            text += (f"\n{len(odd)} kernel(s) show an implausible speedup (marked ?, over "
+                     f"{IMPLAUSIBLE_SPEEDUP:g}x): most likely a disturbed measurement of the "
+                     "default; left out of the totals (rerun with --confirm on a quiet "
+                     "machine)")
+        if any(k.best_time is not None and k.measured and not k.confirmed and k.speedup > 1
+               and not k.implausible for k in self.kernels):
+            text += ("\n* single measurements from the search, not confirmed side by side "
+                     "(--confirm 0, or the winner was not re-measured)")
         rejected = sum(k.rejected for k in self.kernels)
         if rejected:
             text += (f"\n{rejected} search winner(s) were slower than the default when "
@@ -286,8 +320,9 @@ class Progress:
             self._bar.close()
             self._bar = None
         if k.status in ("tuned", "cached"):
+            speed = f"{k.speedup:.0f}x, implausible" if k.implausible else f"{k.speedup:.2f}x"
             line = (f"[{self._index}/{self.n}] {k.desc[:48]}: {fmt_time(k.default_time)} -> "
-                    f"{fmt_time(k.best_time)} ({k.speedup:.2f}x, {k.trials} trials, "
+                    f"{fmt_time(k.best_time)} ({speed}, {k.trials} trials, "
                     f"{k.measured} new)")
         else:
             line = f"[{self._index}/{self.n}] {k.desc[:48]}: {k.status}" + (

@@ -109,7 +109,8 @@ class _Run:
 
     def __init__(self, space: ScheduleSpace, measure: MeasureFn, cache: TuningCache | None,
                  category: Mapping[str, Any] | None, key: str, desc: str, cfg: SearchConfig,
-                 progress: ProgressFn | None) -> None:
+                 progress: ProgressFn | None,
+                 clock: Callable[[], float] = _time.monotonic) -> None:
         assert cache is None or category is not None, "a cache needs the category"
         self.space, self.measure, self.cache = space, measure, cache
         self.category, self.key, self.desc, self.cfg = category, key, desc, cfg
@@ -123,7 +124,8 @@ class _Run:
         self.order: list[str] = []  # evaluation order, for ties
         self.measured = self.cached = self.failed = 0
         self.baseline: float | None = None
-        self.start = _time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self._valid_pool: list[dict[str, Any]] | None = None
         self._best: float | None = None
 
@@ -143,8 +145,9 @@ class _Run:
             return
         if self.cfg.trials is not None and len(self.order) >= self.cfg.trials:
             raise _Stop("trials")
+        # the budget is checked before each trial: a run ends at most one trial past it
         if self.cfg.time_budget is not None and \
-                _time.monotonic() - self.start >= self.cfg.time_budget:
+                self.clock() - self.start >= self.cfg.time_budget:
             raise _Stop("time")
         entry = None
         if self.cache is not None and self.category is not None:
@@ -273,13 +276,14 @@ class _Run:
 
 def tune(space: ScheduleSpace, measure: MeasureFn, *, cache: TuningCache | None = None,
          category: Mapping[str, Any] | None = None, key: str = "", desc: str = "",
-         config: SearchConfig | None = None,
-         progress: ProgressFn | None = None) -> SearchResult:
+         config: SearchConfig | None = None, progress: ProgressFn | None = None,
+         clock: Callable[[], float] = _time.monotonic) -> SearchResult:
     """Search `space` for the fastest correct schedule of one kernel.
 
     `measure` times one schedule (normally a `measure.Measurer`). With a `cache`, candidates
     already recorded under (`category`, `key`) are not measured again, every new measurement
-    is recorded at once, and the cache's best entry competes with the run's own.
+    is recorded at once, and the cache's best entry competes with the run's own. `clock`
+    (seconds) measures `config.time_budget`; a test may pass a fake one.
     """
     cfg = config or SearchConfig()
     default = canonical_schedule(space.default())
@@ -291,7 +295,7 @@ def tune(space: ScheduleSpace, measure: MeasureFn, *, cache: TuningCache | None 
             return SearchResult(entry.schedule, entry.time, None, 1.0, 0, 0, 0, 0, 0,
                                 "heuristic")
         return SearchResult(default, None, None, 1.0, 0, 0, 0, 0, 0, "heuristic")
-    run = _Run(space, measure, cache, category, key, desc, cfg, progress)
+    run = _Run(space, measure, cache, category, key, desc, cfg, progress, clock)
     generations, reason = run.run()
     ranked = run.ranked()
     chosen, chosen_time = default, None

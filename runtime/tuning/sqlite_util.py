@@ -41,18 +41,46 @@ R_COLUMNS = ", ".join(f"r.{c.strip()}" for c in COLUMNS.split(","))
 """`COLUMNS` qualified with the alias `r`."""
 
 
+class RowDamaged(Exception):
+    """A stored row that does not read back (its JSON, status or numbers are broken)."""
+
+
 def row_entry(row: tuple[Any, ...]) -> Entry:
-    """The entry of a row selected with `COLUMNS`."""
+    """The entry of a row selected with `COLUMNS`; RowDamaged when it does not read back."""
     sched, status, t, spread, ws, repro, naive, error, stamp, pruned = row
-    return Entry(schedule=json.loads(sched), status=Status(status), time=t, spread=spread,
-                 workspace=int(ws), reproducible=bool(repro), naive=bool(naive),
-                 error=error, timestamp=stamp, pruned=bool(pruned))
+    try:
+        schedule = json.loads(sched)
+        if not isinstance(schedule, dict):
+            raise ValueError("the schedule is not a JSON object")
+        st = Status(status)
+        if st is Status.OK and not isinstance(t, float | int):
+            raise ValueError(f"an ok record has time {t!r}")
+        return Entry(schedule=schedule, status=st, time=t, spread=spread,
+                     workspace=int(ws), reproducible=bool(repro), naive=bool(naive),
+                     error=str(error), timestamp=stamp, pruned=bool(pruned))
+    except (ValueError, TypeError, RecursionError) as err:
+        raise RowDamaged(f"a stored record does not read back: {err}") from None
 
 
 def has_table(conn: sqlite3.Connection, name: str) -> bool:
     """Whether the database has a table `name`."""
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                         (name,)).fetchone() is not None
+
+
+#: SQLite result codes that mean the file itself is broken.
+_DAMAGE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+#: Messages of the same, for errors that carry no code (and Python's own text decoding).
+_DAMAGE_TEXT = ("malformed", "not a database", "could not decode", "corrupt")
+
+
+def is_damage(err: sqlite3.Error) -> bool:
+    """Whether an error means the database file is damaged (not busy, not a bug of ours)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _DAMAGE_CODES:
+        return True
+    text = str(err).lower()
+    return any(t in text for t in _DAMAGE_TEXT)
 
 
 def is_busy(err: sqlite3.Error) -> bool:

@@ -6,7 +6,9 @@ protocol). A request names the builder by import path and carries a JSON spec, a
 schedule; the worker generates the inputs itself, so nothing but JSON crosses the pipe.
 
 Events: `ready` on start; for `prepare`: `prepared` or `error`; for `measure`: `built` once
-the kernel is built and the inputs and reference are ready, then `result`.
+the kernel is built and the inputs and reference are ready, then `result`; for `compare`
+(several schedules timed side by side, their repeats interleaved: A B A B ...): `built` once
+all are built, then `results`, one result per schedule in order.
 """
 
 from __future__ import annotations
@@ -152,6 +154,71 @@ class _Worker:
                 "reproducible": bool(getattr(run, "reproducible", True)) and same,
                 "repeats": len(samples), "number": number}
 
+    def compare(self, req: dict[str, Any]) -> list[dict[str, Any]]:
+        """Build and check every schedule of `req["schedules"]`, then time them in turns,
+        one repeat each per turn, so that a disturbance of the machine (a busy neighbour, a
+        frequency change) falls on all of them alike. Each result carries its `samples`."""
+        try:
+            inputs, ref = self.context(req)
+        except Exception as err:
+            return [{"status": "failed", "error": "prepare: " + _error(err)}
+                    for _ in req["schedules"]]
+        runs: list[RunFn | None] = []
+        results: list[dict[str, Any]] = []
+        for sched in req["schedules"]:
+            try:
+                runs.append(resolve(req["builder"])(req["spec"], sched))
+                results.append({"status": "ok"})
+            except Exception as err:
+                runs.append(None)
+                results.append({"status": "failed", "error": "build: " + _error(err)})
+        self.send({"event": "built"})
+        args = [x.copy() for x in inputs]
+        numbers: list[int] = []
+        for run, res in zip(runs, results, strict=True):
+            numbers.append(1)
+            if run is None:
+                continue
+            try:
+                first = [o.copy() for o in as_outputs(run(args))]
+                if ref is not None and (why := compare(first, ref, req["rtol"], req["atol"])):
+                    res.update(status="wrong", error=why)
+                    continue
+                second = as_outputs(run(args))
+                res["same"] = all(np.array_equal(a, b, equal_nan=True)
+                                  for a, b in zip(first, second, strict=True))
+                for _ in range(max(0, req["warmup"])):
+                    run(args)
+                t0 = time.perf_counter()
+                run(args)
+                single = max(time.perf_counter() - t0, 1e-9)
+                numbers[-1] = max(1, min(100_000, math.ceil(req["min_repeat_time"] / single)))
+                res["samples"] = []
+            except Exception as err:
+                res.update(status="failed", error="run: " + _error(err))
+        live = [i for i, r in enumerate(results) if r["status"] == "ok"]
+        for _ in range(max(1, req["repeats"])):
+            for i in list(live):
+                run = runs[i]
+                assert run is not None
+                try:
+                    t0 = time.perf_counter()
+                    for _ in range(numbers[i]):
+                        run(args)
+                    results[i]["samples"].append((time.perf_counter() - t0) / numbers[i])
+                except Exception as err:
+                    results[i].update(status="failed", error="run: " + _error(err))
+                    live.remove(i)
+        for i in live:
+            samples = results[i]["samples"]
+            q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+            run = runs[i]
+            results[i].update(time=statistics.median(samples), spread=q[2] - q[0],
+                              workspace=int(getattr(run, "workspace_bytes", 0)),
+                              reproducible=bool(getattr(run, "reproducible", True))
+                              and results[i].pop("same"), number=numbers[i])
+        return results
+
     def serve(self) -> None:
         self.send({"event": "ready", "pid": os.getpid()})
         for line in iter(sys.stdin.readline, ""):
@@ -166,6 +233,8 @@ class _Worker:
                     self.send({"event": "error", "error": _error(err)})
             elif req["op"] == "measure":
                 self.send({"event": "result", **self.measure(req)})
+            elif req["op"] == "compare":
+                self.send({"event": "results", "results": self.compare(req)})
 
 
 def _watch_parent() -> None:

@@ -75,7 +75,7 @@ def test_user_errors_are_diagnostics(tmp_path: Path, db: Path, capsys) -> None:
     bad_json.write_text("{not json\n")
     cases = [
         (["--db", str(tmp_path / "missing.sqlite"), "list"], "no tuning cache"),
-        (["--db", str(junk), "verify"], "not a usable tuning cache"),
+        (["--db", str(junk), "verify"], "1 problem(s)"),
         (["--db", str(db), "import", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
         (["--db", str(db), "import", str(bad_json)], "not JSON"),
         (["--db", str(db), "import", str(bad_json), "--category", "[1"], "not JSON"),

@@ -35,7 +35,7 @@ from nfc.runtime.tuning.kernels import (
     schedules_from_cache,
 )
 from nfc.runtime.tuning.model import CacheError, Measurement, Status
-from nfc.runtime.tuning.report import KernelReport, TuneReport, write_plot
+from nfc.runtime.tuning.report import KernelReport, Progress, TuneReport, write_plot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,13 +212,13 @@ def test_confirmation_sets_aside_noise_winners(tmp_path: Path) -> None:
         cache.put(cat, "k", default, 2e-3, naive=True)
         cache.put(cat, "k", a, 0.9e-3)  # the search saw it fast: noise
         cache.put(cat, "k", b, 1.5e-3)
-        assert confirm_best(cache, cat, "k", default, measure) == 1
+        assert confirm_best(cache, cat, "k", default, measure).rejected == 1
         assert cache.best(cat, "k").schedule == b  # a lost on re-measurement, b held
         assert cache.lookup(cat, "k", a).time == 3e-3
         assert cache.lookup(cat, "k", b).time == 1.5e-3  # a confirmed winner is not rewritten
         assert calls == [0, 1, 0, 1, 0, 2, 0, 2]
         cache.put(cat, "k", c, 0.5e-3)  # flaky: fails when measured again
-        assert confirm_best(cache, cat, "k", default, measure, rounds=1) == 1
+        assert confirm_best(cache, cat, "k", default, measure, rounds=1).rejected == 1
         assert cache.lookup(cat, "k", c).status is Status.FAILED
         assert cache.best(cat, "k").schedule == b
 
@@ -232,15 +232,31 @@ def test_profile_ranks_every_kernel(tiny: Path) -> None:
 
 
 def test_time_budget_bounds_the_run(tiny: Path, tmp_path: Path) -> None:
+    # the budget mechanism on an injected clock, so that nothing depends on how fast this
+    # machine measures: every trial "takes" `tick` seconds of it
     module = build_model(tiny)
-    with TuningCache(tmp_path / "t.sqlite") as cache:
-        rep = tune_module(module, cache, options=TuneOptions(
-            trials=None, time_budget=0.5, top=1, order="cost", population=4))
-    first = rep.kernels[0]
-    # the budget ends the search after the trial that crosses it (how many trials fit in 0.5 s
-    # depends on the machine: one or two here); without it, trials=None searches on
-    assert first.status == "tuned" and first.stop == "time" and 1 <= first.trials <= 4
-    assert all(k.status == "skipped" for k in rep.kernels[1:])
+    now, tick = [0.0], [0.0]
+
+    class Ticking(Progress):
+        def trial(self, kernel: str, trial: int, speedup: float) -> None:
+            now[0] += tick[0]
+
+    def run(top: int, budget: float, seconds_per_trial: float) -> TuneReport:
+        now[0], tick[0] = 0.0, seconds_per_trial
+        with TuningCache(tmp_path / f"t{top}.sqlite") as cache:
+            return tune_module(module, cache, progress=Ticking(0, None, quiet=True),
+                               clock=lambda: now[0], options=TuneOptions(
+                                   trials=None, time_budget=budget, top=top, order="cost",
+                                   population=4, confirm=0))
+
+    # one kernel gets the whole 0.5 s: trials start at 0, 0.2 and 0.4; the fourth would
+    # start at 0.6, past the budget (a run ends at most one trial past it)
+    first = run(1, 0.5, 0.2).kernels[0]
+    assert first.status == "tuned" and first.stop == "time" and first.trials == 3
+    # a kernel that overran the run's budget leaves nothing for the next one
+    rep = run(2, 0.5, 1.0)
+    assert [k.status for k in rep.kernels[:2]] == ["tuned", "skipped"]
+    assert rep.kernels[0].trials == 1 and rep.kernels[1].note == "time budget spent"
 
 
 def _gemm_op(module: Module) -> ComputeOp:

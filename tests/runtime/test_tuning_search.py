@@ -81,9 +81,21 @@ def test_small_space_is_exhausted_without_duplicates() -> None:
 def test_budgets_and_patience_stop_the_run() -> None:
     result, measure = _run(1, trials=10)
     assert result.stop_reason == "trials" and len(measure.calls) == 10
-    slow = FakeMeasure(sleep=0.02)
-    result, _ = _run(1, measure=slow, trials=None, time_budget=0.2, patience=100)
-    assert result.stop_reason == "time" and 3 <= len(slow.calls) <= 15
+    # the time budget, on an injected clock (no assertion may depend on the machine's
+    # speed): every trial "takes" 0.03 s, the budget is checked before each trial, so a run
+    # of 0.2 s measures exactly the 7 trials that start before it is spent
+    now = [0.0]
+
+    class Ticking(FakeMeasure):
+        def __call__(self, cfg):
+            now[0] += 0.03
+            return FakeMeasure.__call__(self, cfg)
+
+    slow = Ticking()
+    result = tune(SPACE, slow, key="k", clock=lambda: now[0], config=SearchConfig(
+        seed=1, population=8, trials=None, time_budget=0.2, patience=100))
+    assert result.stop_reason == "time" and len(slow.calls) == 7
+    assert now[0] - 0.03 < 0.2 <= now[0]  # the last trial started within the budget
 
     class Flat(FakeMeasure):
         def __call__(self, cfg):
