@@ -2,10 +2,11 @@
 
 Counting rules (per point of a compute's iteration space, output axes times reduction axes):
 
-- one FLOP per floating-point `+ - * /` (and float `//`, `%`), per float comparison, per
-  float `max`/`min`/`abs`, and per transcendental intrinsic (`exp log sqrt rsqrt tanh
-  sigmoid erf pow` count one each, like an FMA counts two); negation, casts, loads, literals
-  and all integer (index) arithmetic count zero;
+- each operator on floats counts the `flops` of its row in the operator table (`nfc.ops`):
+  one per `+ - * /` (and float `//`, `%`), per comparison, per `max`/`min`/`abs`/`isfinite`,
+  and per transcendental intrinsic (`exp`, `softplus`, `atan2`, ... count one each, like an
+  FMA counts two); negation, casts, loads, literals, `philox` and all integer (index)
+  arithmetic count zero;
 - one FLOP per point for combining a float reduction (`sum` adds, `prod` multiplies, `max`
   and `min` compare);
 - selects count what is taken, honestly: a condition on indices only (a guard such as
@@ -29,26 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nfc.ir import (
-    COMPARISONS,
-    Binary,
-    Call,
-    Cast,
-    ComputeOp,
-    Const,
-    Expr,
-    Func,
-    Index,
-    Load,
-    Module,
-    Select,
-    Unary,
-)
+from nfc import ops
+from nfc.ir import Binary, Cast, ComputeOp, Const, Expr, Func, Index, Load, Module, Select, Unary
 
 #: Largest number of index points a guard is evaluated on exactly.
 ENUM_LIMIT = 1 << 22
 _SAMPLES = 1 << 17
-_TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow"})
 
 
 @dataclass(frozen=True)
@@ -68,29 +55,6 @@ class ComputeCost:
         return self.flops / self.bytes if self.bytes else 0.0
 
 
-def _is_float_expr(e: Expr) -> bool:
-    """Whether `e` computes a floating-point value (structurally)."""
-    if isinstance(e, Const):
-        return e.is_float or (e.dtype is not None and e.dtype.is_float)
-    if isinstance(e, Index):
-        return False
-    if isinstance(e, Load):
-        return e.tensor.dtype.is_float
-    if isinstance(e, Cast):
-        return e.dtype.is_float
-    if isinstance(e, Binary):
-        if e.op in COMPARISONS or e.op in ("and", "or"):
-            return False
-        return _is_float_expr(e.a) or _is_float_expr(e.b)
-    if isinstance(e, Unary):
-        return e.op == "neg" and _is_float_expr(e.x)
-    if isinstance(e, Call):
-        return e.fn == "philox" or any(_is_float_expr(a) for a in e.args)
-    if isinstance(e, Select):
-        return _is_float_expr(e.a) or _is_float_expr(e.b)
-    return False
-
-
 def _index_only(e: Expr) -> bool:
     return not any(isinstance(n, Load) for n in e.walk()) and not _has_float(e)
 
@@ -100,30 +64,18 @@ def _has_float(e: Expr) -> bool:
 
 
 def _eval_index(e: Expr, env: dict[str, np.ndarray]) -> np.ndarray:
-    """Evaluate an index-only expression on integer arrays (floor semantics)."""
+    """Evaluate an index-only expression on integer arrays (the operator table's numpy)."""
     if isinstance(e, Const):
         return np.asarray(e.value)
     if isinstance(e, Index):
         return env[e.name]
-    if isinstance(e, Unary):
-        x = _eval_index(e.x, env)
-        return np.logical_not(x) if e.op == "not" else -x
+    args = [_eval_index(k, env) for k in e.children()]
     if isinstance(e, Cast):
-        return _eval_index(e.x, env)
-    if isinstance(e, Select):
-        return np.where(_eval_index(e.cond, env), _eval_index(e.a, env), _eval_index(e.b, env))
-    if isinstance(e, Call):
-        args = [_eval_index(a, env) for a in e.args]
-        return {"min": np.minimum, "max": np.maximum}[e.fn](*args) if e.fn != "abs" else \
-            np.abs(args[0])
-    assert isinstance(e, Binary), e
-    a, b = _eval_index(e.a, env), _eval_index(e.b, env)
-    ops = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide,
-           "%": np.mod, "<": np.less, "<=": np.less_equal, ">": np.greater,
-           ">=": np.greater_equal, "==": np.equal, "!=": np.not_equal,
-           "and": np.logical_and, "or": np.logical_or}
+        return args[0]
+    row = ops.find(e)
+    assert row is not None and row.numpy is not None, e
     with np.errstate(divide="ignore"):
-        return ops[e.op](a, b)
+        return row.numpy(*args)
 
 
 def _conjuncts(conds: Iterable[tuple[Expr, bool]]) -> list[Expr]:
@@ -187,26 +139,20 @@ class _Fractions:
         return float(np.count_nonzero(ok)) / n_total if names else float(bool(ok))
 
 
-def _flops(e: Expr, path: tuple, frac: _Fractions) -> float:
-    """Expected FLOPs of evaluating `e` at one point."""
+def _flops(e: Expr, path: tuple, frac: _Fractions, typer: ops.Typer) -> float:
+    """Expected FLOPs of evaluating `e` at one point: each operator's `flops` (its row of the
+    operator table) when it computes on floats."""
     if isinstance(e, Const | Index | Load):
         return 0.0
     if isinstance(e, Select):
         if _index_only(e.cond):
-            return (_flops(e.a, path + ((e.cond, True),), frac)
-                    + _flops(e.b, path + ((e.cond, False),), frac))
-        return _flops(e.cond, path, frac) + max(_flops(e.a, path, frac),
-                                                _flops(e.b, path, frac))
-    own = 0.0
-    if isinstance(e, Binary):
-        if e.op in COMPARISONS:
-            own = 1.0 if _is_float_expr(e.a) or _is_float_expr(e.b) else 0.0
-        elif e.op not in ("and", "or"):
-            own = 1.0 if _is_float_expr(e) else 0.0
-    elif isinstance(e, Call) and (e.fn in _TRANSCENDENTAL or (
-            e.fn in ("max", "min", "abs") and _is_float_expr(e))):
-        own = 1.0
-    kids = sum(_flops(k, path, frac) for k in e.children())
+            return (_flops(e.a, path + ((e.cond, True),), frac, typer)
+                    + _flops(e.b, path + ((e.cond, False),), frac, typer))
+        return _flops(e.cond, path, frac, typer) + max(_flops(e.a, path, frac, typer),
+                                                       _flops(e.b, path, frac, typer))
+    row = ops.find(e)
+    own = row.flops if row is not None and ops.is_float(typer.kinds(e)[0]) else 0.0
+    kids = sum(_flops(k, path, frac, typer) for k in e.children())
     return own * frac(path) + kids
 
 
@@ -230,7 +176,7 @@ def compute_cost(op: ComputeOp, name: str = "") -> ComputeCost:
     extents = {a.name: a.extent for a in op.all_axes}
     points = math.prod(extents.values())
     frac = _Fractions(extents)
-    per_point = _flops(op.body, (), frac)
+    per_point = _flops(op.body, (), frac, ops.Typer())
     if op.reduce is not None and op.result.dtype.is_float:
         per_point += _nonidentity(op.body, _identity(op.reduce), (), frac)
     nbytes = sum(v.type.nbytes for v in op.operands) + op.result.type.nbytes

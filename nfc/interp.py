@@ -21,9 +21,12 @@ Semantics (the verifier enforces the typing rules; the interpreter re-checks wha
   out-of-bounds indices in the other branch are clipped, while an out-of-bounds read in a
   taken branch raises `InterpError` naming the op, the tensor, the dimension, the index value
   and the iteration point. Data-dependent indices accepted by `nfc.bounds` are checked here.
-- Intrinsics: exp log sqrt rsqrt tanh sigmoid erf (float in, same float out; erf is computed
-  in float64 by `erf`), abs, max, min (NaN propagates), pow (float), and philox (integer key
-  and counter; a weak float, see nfc.philox).
+- Operators and intrinsics compute what their row of the operator table (`nfc.ops`) says:
+  its typing rule, then its numpy function on the operands converted to the operand type
+  (float functions: float in, same float out; erf in float64 by `erf`; max and min propagate
+  NaN; philox takes an integer key and counter and gives a weak float, see nfc.philox).
+  Where a row's `defined` is false (an integer division by zero, a negative integer
+  exponent) at a point that is taken, the run fails with the point.
 - `nf.call` runs the callee of `module`; `nf.kernel` runs its body; reductions `max`/`min`
   propagate NaN.
 """
@@ -31,15 +34,13 @@ Semantics (the verifier enforces the typing rules; the interpreter re-checks wha
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from nfc import ops
 from nfc.ir import (
-    COMPARISONS,
-    Binary,
     Block,
     Call,
     CallOp,
@@ -54,12 +55,15 @@ from nfc.ir import (
     Load,
     Module,
     Op,
-    ReturnOp,
     Select,
-    Unary,
+    TerminatorOp,
     Value,
 )
-from nfc.philox import philox_uniform
+from nfc.ops import Kind
+from nfc.ops.lattice import SELECT
+from nfc.ops.numerics import erf
+
+__all__ = ["CHUNK_ELEMENTS", "InterpError", "erf", "run"]
 
 #: Most points of the iteration space evaluated at once (bounds every temporary's size).
 CHUNK_ELEMENTS = 1 << 24
@@ -70,78 +74,14 @@ class InterpError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# erf: Taylor expansions around the points k/16 of [0, 6], coefficients from the derivatives
-# erf^(n)(c) = 2/sqrt(pi) * (-1)^(n-1) * H_{n-1}(c) * exp(-c^2), with erf(c) itself from
-# math.erf. |x - c| <= 1/32 keeps the neglected terms below 1e-17 relative; measured error
-# against math.erf is below 2 ulp.
-
-_ERF_STEPS = 16
-_ERF_XMAX = 6.0  # erf(x) rounds to 1.0 in float64 from 5.93 on
-_ERF_TERMS = 16
+# values: (numpy array or Python scalar, kind); kind is a DType or a weak kind (nfc.ops)
 
 
-def _erf_table() -> np.ndarray:
-    ks = int(_ERF_XMAX * _ERF_STEPS) + 1
-    tab = np.zeros((_ERF_TERMS + 1, ks))
-    for k in range(ks):
-        c = k / _ERF_STEPS
-        tab[0, k] = math.erf(c)
-        scale = 2.0 / math.sqrt(math.pi) * math.exp(-c * c)
-        h_prev, h = 0.0, 1.0  # H_{m-1}(c)/(m-1)!, H_m(c)/m! for m = 0
-        for n in range(1, _ERF_TERMS + 1):
-            tab[n, k] = scale * (-1) ** (n - 1) * h / n
-            h_prev, h = h, (2 * c * h - 2 * h_prev) / n
-    return tab
-
-
-_ERF_TABLE = _erf_table()
-
-
-def erf(x: Any) -> np.ndarray:
-    """The error function in float64, vectorised, within 2 ulp of math.erf."""
-    x = np.asarray(x, dtype=np.float64)
-    a = np.abs(x)
-    a = np.where(np.isnan(a), 0.0, np.minimum(a, _ERF_XMAX))
-    k = np.floor(a * _ERF_STEPS + 0.5).astype(np.intp)
-    h = a - k / _ERF_STEPS  # exact: a and k/16 are close
-    acc = _ERF_TABLE[_ERF_TERMS][k]
-    for n in range(_ERF_TERMS - 1, -1, -1):
-        acc = acc * h + _ERF_TABLE[n][k]
-    acc = np.where(a >= _ERF_XMAX, 1.0, acc)
-    return np.where(np.isnan(x), np.nan, np.copysign(acc, x))
-
-
-# ---------------------------------------------------------------------------------------------
-# values: (numpy array or Python scalar, kind); kind is a DType or one of the weak kinds
-
-WEAK_INT = "int"
-WEAK_FLOAT = "float"
-Kind = DType | str
-
-
-def _is_float(k: Kind) -> bool:
-    return k == WEAK_FLOAT or (isinstance(k, DType) and k.is_float)
-
-
-def _convert(v: Any, k: Kind, to: DType, where: str) -> Any:
-    """Give the weak value `v` of kind `k` the type `to`."""
-    if k == WEAK_FLOAT and not to.is_float:
-        raise InterpError(f"{where}: a float value meets an integer operand of type {to}")
-    return np.asarray(v).astype(to.numpy)
-
-
-def _unify(a: tuple[Any, Kind], b: tuple[Any, Kind], where: str
-           ) -> tuple[Any, Any, Kind]:
-    (va, ka), (vb, kb) = a, b
-    if isinstance(ka, DType) and isinstance(kb, DType):
-        if ka != kb:
-            raise InterpError(f"{where}: operand types differ ({ka} and {kb})")
-        return va, vb, ka
-    if isinstance(ka, DType):
-        return va, _convert(vb, kb, ka, where), ka
-    if isinstance(kb, DType):
-        return _convert(va, ka, kb, where), vb, kb
-    return va, vb, (WEAK_FLOAT if WEAK_FLOAT in (ka, kb) else WEAK_INT)
+def _numpy_dtype(k: Kind) -> np.dtype:
+    """The numpy dtype values of kind `k` are computed in (weak ones in int64 / float64)."""
+    if isinstance(k, DType):
+        return k.numpy
+    return np.dtype(np.float64 if k is ops.WEAK_FLOAT else np.int64)
 
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
@@ -186,38 +126,57 @@ class _Chunk:
                 return np.asarray(e.value, dtype=e.dtype.numpy), e.dtype
             if isinstance(e.value, bool):
                 return np.asarray(e.value), DType.I1
-            return e.value, (WEAK_FLOAT if e.is_float else WEAK_INT)
+            return e.value, ops.const_kind(e)
         if isinstance(e, Index):
             g = self.grids.get(e.name)
             if g is None:
                 raise InterpError(f"{self.where}: unknown index variable '{e.name}'")
-            return g, WEAK_INT
+            return g, ops.WEAK_INT
         if isinstance(e, Load):
             return self._load(e, mask)
-        if isinstance(e, Unary):
-            v, k = self.eval(e.x, mask)
-            if e.op == "not":
-                if k != DType.I1:
-                    raise InterpError(f"{self.where}: 'not' of a non-boolean ({k})")
-                return np.logical_not(v), DType.I1
-            return -v, k
-        if isinstance(e, Binary):
-            return self._binary(e, mask)
         if isinstance(e, Select):
-            c, kc = self.eval(e.cond, mask)
-            if kc != DType.I1:
-                raise InterpError(f"{self.where}: select condition is not boolean ({kc})")
-            c = np.asarray(c)
-            ma = c if mask is None else mask & c
-            mb = ~c if mask is None else mask & ~c
-            va, vb, k = _unify(self.eval(e.a, ma), self.eval(e.b, mb), self.where)
-            return np.where(c, va, vb), k
+            return self._select(e, mask)
+        row = ops.find(e)
+        if row is None:
+            what = f"intrinsic '{e.fn}'" if isinstance(e, Call) else f"expression {e!r}"
+            raise InterpError(f"{self.where}: unknown {what}")
+        return self._apply(row, e, [self.eval(c, mask) for c in e.children()], mask)
+
+    def _apply(self, row: ops.Op, e: Expr, args: list[tuple[Any, Kind]],
+               mask: np.ndarray | None) -> tuple[Any, Kind]:
+        """The operator of `row` on evaluated operands (the table's typing and numpy)."""
+        def clash(msg: str) -> None:
+            raise InterpError(f"{self.where}: {msg}")
+
+        opk, res = ops.check(row, e, [k for _, k in args], clash)
+        assert opk is not None and res is not None
         if isinstance(e, Cast):
-            v, _ = self.eval(e.x, mask)
-            return np.asarray(v).astype(e.dtype.numpy), e.dtype
-        if isinstance(e, Call):
-            return self._call(e, mask)
-        raise InterpError(f"{self.where}: unknown expression {e!r}")
+            return np.asarray(args[0][0]).astype(e.dtype.numpy), e.dtype
+        dt = _numpy_dtype(opk)
+        first = 1 if row.operands == SELECT else 0  # a select's condition keeps its type
+        vals = [np.asarray(v) if k == opk or i < first else np.asarray(v).astype(dt)
+                for i, (v, k) in enumerate(args)]
+        if row.defined is not None:
+            bad = ~np.asarray(row.defined(opk, *vals), dtype=bool)
+            if mask is not None:
+                bad = bad & mask
+            if np.any(bad):
+                raise InterpError(f"{self.where}: {row.undefined} at {self.point(bad)}")
+        assert row.numpy is not None
+        out = row.numpy(*vals)
+        if isinstance(res, DType):
+            out = np.asarray(out).astype(res.numpy, copy=False)
+        return out, res
+
+    def _select(self, e: Select, mask: np.ndarray | None) -> tuple[Any, Kind]:
+        """Both branches, each checked in bounds only where it is taken."""
+        c, kc = self.eval(e.cond, mask)
+        c = np.asarray(c)
+        ma = c if mask is None else mask & c
+        mb = ~c if mask is None else mask & ~c
+        row = ops.find(e)
+        assert row is not None
+        return self._apply(row, e, [(c, kc), self.eval(e.a, ma), self.eval(e.b, mb)], mask)
 
     def _load(self, e: Load, mask: np.ndarray | None) -> tuple[Any, Kind]:
         t = e.tensor
@@ -230,7 +189,7 @@ class _Chunk:
         idxs = []
         for d, ie in enumerate(e.indices):
             v, k = self.eval(ie, mask)
-            if _is_float(k):
+            if ops.is_float(k):
                 raise InterpError(f"{self.where}: index {d} of %{t.name or '?'} is a float")
             v = np.asarray(v)
             if v.dtype == np.bool_:
@@ -249,76 +208,6 @@ class _Chunk:
                 v = np.clip(v, 0, size - 1)
             idxs.append(v)
         return arr[tuple(idxs)], t.dtype
-
-    def _binary(self, e: Binary, mask: np.ndarray | None) -> tuple[Any, Kind]:
-        a = self.eval(e.a, mask)
-        b = self.eval(e.b, mask)
-        if e.op in ("and", "or"):
-            if a[1] != DType.I1 or b[1] != DType.I1:
-                raise InterpError(f"{self.where}: '{e.op}' of non-booleans")
-            f = np.logical_and if e.op == "and" else np.logical_or
-            return f(a[0], b[0]), DType.I1
-        va, vb, k = _unify(a, b, self.where)
-        if e.op in COMPARISONS:
-            return _COMPARE[e.op](va, vb), DType.I1
-        if k == DType.I1:
-            raise InterpError(f"{self.where}: arithmetic '{e.op}' on booleans")
-        if e.op == "/":
-            if not _is_float(k):
-                raise InterpError(f"{self.where}: '/' on integers (use '//')")
-            return np.true_divide(va, vb), k
-        if e.op in ("//", "%") and not _is_float(k):
-            zero = np.asarray(vb) == 0
-            if mask is not None:
-                zero = zero & mask
-            if np.any(zero):
-                raise InterpError(f"{self.where}: integer division by zero at "
-                                  f"{self.point(zero)}")
-            vb = np.where(np.asarray(vb) == 0, 1, vb) if np.ndim(vb) else (vb or 1)
-        fn = {"+": np.add, "-": np.subtract, "*": np.multiply, "//": np.floor_divide,
-              "%": np.remainder}[e.op]
-        return fn(va, vb), k
-
-    def _call(self, e: Call, mask: np.ndarray | None) -> tuple[Any, Kind]:
-        args = [self.eval(a, mask) for a in e.args]
-        fn = e.fn
-        if fn == "philox":
-            for _, k in args:
-                if _is_float(k):
-                    raise InterpError(f"{self.where}: philox takes integer arguments")
-            key, ctr = (np.asarray(v).astype(np.int64) for v, _ in args)
-            return philox_uniform(key, ctr), WEAK_FLOAT
-        if fn in ("max", "min", "pow"):
-            va, vb, k = _unify(args[0], args[1], self.where)
-            if fn == "pow":
-                if isinstance(k, DType) and not k.is_float:
-                    raise InterpError(f"{self.where}: pow needs float operands, not {k}")
-                if k == WEAK_INT:
-                    va, vb, k = np.float64(va), np.float64(vb), WEAK_FLOAT
-                return np.power(va, vb), k
-            return (np.maximum if fn == "max" else np.minimum)(va, vb), k
-        (v, k), = args
-        if fn == "abs":
-            return np.abs(v), k
-        if fn not in _FLOAT_FNS:
-            raise InterpError(f"{self.where}: unknown intrinsic '{fn}'")
-        if isinstance(k, DType) and not k.is_float:
-            raise InterpError(f"{self.where}: {fn} needs a float operand, not {k}")
-        dt = k.numpy if isinstance(k, DType) else np.dtype(np.float64)
-        v = np.asarray(v, dtype=dt)
-        out = _FLOAT_FNS[fn](v).astype(dt)
-        return out, (k if isinstance(k, DType) else WEAK_FLOAT)
-
-
-_COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-            "==": np.equal, "!=": np.not_equal}
-
-_FLOAT_FNS = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
-    "rsqrt": lambda v: np.reciprocal(np.sqrt(v)),
-    "sigmoid": lambda v: np.reciprocal(v.dtype.type(1) + np.exp(-v)),
-    "erf": erf,
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +277,7 @@ def _eval_chunk(op: ComputeOp, env: dict[int, np.ndarray], starts: list[int],
     rdt = op.result.type.dtype
     if isinstance(k, DType) and k != rdt:
         raise InterpError(f"{chunk.where}: the body has type {k} but the result is {rdt}")
-    if k == WEAK_FLOAT and not rdt.is_float:
+    if k is ops.WEAK_FLOAT and not rdt.is_float:
         raise InterpError(f"{chunk.where}: a float body for an integer result ({rdt})")
     full = np.broadcast_to(np.asarray(v).astype(acc_dt, copy=False), shape)
     if op.reduce is None:
@@ -436,7 +325,7 @@ def _bind(func: Func, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndar
 def _run_block(block: Block, env: dict[int, np.ndarray], module: Module | None
                ) -> list[np.ndarray]:
     for op in block.ops:
-        if isinstance(op, ReturnOp):  # and YieldOp
+        if isinstance(op, TerminatorOp):
             return [_get(env, v, op) for v in op.values]
         _run_op(op, env, module)
     raise InterpError("a block ends without nf.return or nf.yield")

@@ -10,11 +10,12 @@ functions and modules are mutable objects with identity, which passes rewrite in
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, SupportsIndex
 
 if TYPE_CHECKING:
     import numpy as np
@@ -124,9 +125,11 @@ class Value:
     """An SSA tensor value: a function argument or the result of an op.
 
     `name` is a hint the printer uses when it is unique; identity, not name, defines a value.
+    `uses` lists the ops that read the value; the IR keeps it up to date under every mutation
+    (see `Op`).
     """
 
-    __slots__ = ("type", "name", "owner", "index", "__weakref__")
+    __slots__ = ("type", "name", "owner", "index", "_uses", "__weakref__")
 
     def __init__(self, type: TensorType, name: str | None = None,
                  owner: Op | None = None, index: int = 0) -> None:
@@ -134,6 +137,7 @@ class Value:
         self.name = name
         self.owner = owner
         self.index = index
+        self._uses: dict[Op, None] = {}  # an ordered set
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -144,6 +148,30 @@ class Value:
     def dtype(self) -> DType:
         """The element type."""
         return self.type.dtype
+
+    @property
+    def uses(self) -> tuple[Op, ...]:
+        """The ops that read this value, each once, in the order they started to. Only ops
+        that are part of a function body count (`Op.attached`); an op under construction or
+        in a block of no function reads nothing yet."""
+        return tuple(self._uses)
+
+    @property
+    def has_uses(self) -> bool:
+        """Whether any op reads this value."""
+        return bool(self._uses)
+
+    def replace_all_uses_with(self, new: Value) -> None:
+        """Make every op that reads this value read `new` instead."""
+        self.replace_uses_with_if(new, lambda op: True)
+
+    def replace_uses_with_if(self, new: Value, pred: Callable[[Op], bool]) -> None:
+        """Make the ops that read this value and satisfy `pred` read `new` instead."""
+        if new is self:
+            return
+        for op in tuple(self._uses):
+            if pred(op):
+                op.replace_uses({self: new})
 
     def __repr__(self) -> str:
         return f"Value(%{self.name or '?'}: {self.type})"
@@ -162,14 +190,31 @@ BINARY_PRECEDENCE: dict[str, int] = {
 COMPARISONS = frozenset({"<", "<=", ">", ">=", "==", "!="})
 LOGICAL = frozenset({"and", "or"})
 
-#: Intrinsic functions: name -> number of arguments.
-INTRINSICS: dict[str, int] = {
-    "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "abs": 1,
-    "max": 2, "min": 2, "pow": 2,
-    # A counter-based uniform random number in [0, 1): philox(key, counter) with integer
-    # arguments; the same (key, counter) always gives the same number (Philox-4x32-10).
-    "philox": 2,
-}
+
+class _Intrinsics(Mapping[str, int]):
+    """Intrinsic name -> number of arguments: a view of the operator table (nfc.ops), which
+    holds everything else about each one, plugins' intrinsics included."""
+
+    def _table(self) -> Mapping[str, int]:
+        from nfc.ops import Intrinsics  # the table builds on this module
+
+        return Intrinsics()
+
+    def __getitem__(self, name: str) -> int:
+        return self._table()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: Intrinsic functions: name -> number of arguments (see nfc.ops for what each one does).
+INTRINSICS: Mapping[str, int] = _Intrinsics()
 
 REDUCTIONS = ("sum", "max", "min", "prod")
 
@@ -374,12 +419,24 @@ class Axis:
 
 
 class Op:
-    """Base of tensor-level operations."""
+    """Base of tensor-level operations.
+
+    An op sits in at most one block (`parent`). While it is part of a function body, nested
+    blocks included (`attached`), it is in the use list of every value it reads, and the IR
+    keeps it so under every mutation: adding or removing ops through `Block.ops`, assigning
+    or editing an op's operand lists and body, replacing a kernel's or a function's body.
+    Passes make their changes through `nfc.rewrite.Rewriter`, which builds on these.
+    """
 
     opname: ClassVar[str] = "nf.op"
+    #: Trait: the op ends its block (`nf.return`, `nf.yield`); see `TerminatorOp`.
+    is_terminator: ClassVar[bool] = False
 
     def __init__(self, result_types: list[TensorType], *, loc: Loc | None = None,
                  attrs: dict[str, Any] | None = None, names: list[str | None] | None = None):
+        self._parent: Block | None = None
+        self._attached = False
+        self._reads: tuple[Value, ...] = ()  # the values whose use lists hold this op
         names = names or [None] * len(result_types)
         self.results = [Value(t, n, self, i) for i, (t, n) in enumerate(zip(result_types, names,
                                                                            strict=True))]
@@ -393,9 +450,25 @@ class Op:
         return self.results[0]
 
     @property
+    def parent(self) -> Block | None:
+        """The block holding this op, None while it is in none."""
+        return self._parent
+
+    @property
+    def attached(self) -> bool:
+        """Whether the op is part of a function body (directly or in a nested block)."""
+        return self._attached
+
+    @property
     def operands(self) -> list[Value]:
         """Tensor values this op reads, in first-use order, without repeats."""
         return []
+
+    @property
+    def direct_operands(self) -> list[Value]:
+        """The values this op itself reads: its operands, except for an op with a body,
+        whose nested ops are the readers."""
+        return self.operands
 
     def replace_uses(self, mapping: dict[Value, Value]) -> None:
         """Make this op read `mapping[v]` wherever it read `v`."""
@@ -404,8 +477,85 @@ class Op:
         """Nested blocks (only kernel ops have one)."""
         return []
 
+    def clone(self, mapping: dict[Value, Value] | None = None) -> Op:
+        """A copy in no block, reading `mapping[v]` wherever this op reads a mapped `v`.
+
+        The copy's results are fresh values with the same types and name hints, added to
+        `mapping` (as are the results of nested ops, whose blocks are copied too), so cloning
+        ops in order with one mapping copies a whole block. Attributes are deep-copied; the
+        location is kept.
+        """
+        mapping = {} if mapping is None else mapping
+        new = self._clone(mapping)
+        mapping.update(zip(self.results, new.results, strict=True))
+        return new
+
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        raise NotImplementedError(f"{self.opname} cannot be cloned")
+
+    def _track(self) -> None:
+        """Be in the use lists of exactly the values this op reads now (none if detached)."""
+        new = tuple(dict.fromkeys(self.direct_operands)) if self._attached else ()
+        old = self._reads
+        if new == old:
+            return
+        keep = set(new)
+        for v in old:
+            if v not in keep:
+                v._uses.pop(self, None)
+        for v in new:
+            v._uses[self] = None
+        self._reads = new
+
+    def _attach(self, attached: bool) -> None:
+        self._attached = attached
+        self._track()
+        for region in self.regions():
+            region._attach(attached)
+
     def __repr__(self) -> str:
         return f"<{self.opname} -> {[str(r.type) for r in self.results]}>"
+
+
+class _OperandList(list):  # type: ignore[type-arg]
+    """An op's list of operand values: every change updates the op's uses."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: Op, values: Iterable[Value] = ()) -> None:
+        super().__init__(values)
+        self._op = op
+
+
+def _operand_list_method(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def changed(self: _OperandList, *args: Any) -> Any:
+        out = method(self, *args)
+        self._op._track()
+        return out
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("append", "extend", "insert", "pop", "remove", "clear", "__setitem__",
+              "__delitem__", "__iadd__", "__imul__"):
+    setattr(_OperandList, _name, _operand_list_method(_name))
+
+
+def _operand_list(name: str, doc: str) -> Any:
+    """A property holding a list of operands; assigning any iterable keeps the uses right."""
+    attr = "_" + name
+
+    def get(op: Op) -> list[Value]:
+        return getattr(op, attr)
+
+    def set(op: Op, values: Iterable[Value]) -> None:
+        setattr(op, attr, _OperandList(op, values))
+        op._track()
+
+    return property(get, set, doc=doc)
 
 
 class ComputeOp(Op):
@@ -428,6 +578,16 @@ class ComputeOp(Op):
         self.body = body
 
     @property
+    def body(self) -> Expr:
+        """The scalar expression computing one element."""
+        return self._body
+
+    @body.setter
+    def body(self, body: Expr) -> None:
+        self._body = body
+        self._track()
+
+    @property
     def operands(self) -> list[Value]:
         seen: dict[int, Value] = {}
         for ld in loads(self.body):
@@ -442,6 +602,11 @@ class ComputeOp(Op):
         """Output axes followed by reduction axes."""
         return self.dims + self.raxes
 
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        return ComputeOp(self.result.type, self.dims, substitute_values(self.body, mapping),
+                         reduce=self.reduce, raxes=self.raxes, loc=self.loc,
+                         attrs=copy.deepcopy(self.attrs), name=self.result.name)
+
 
 class CallOp(Op):
     """`%a, %b = nf.call @f(%x, %y) : (types) -> (types)`, removed by the inline pass."""
@@ -453,7 +618,9 @@ class CallOp(Op):
                  names: list[str | None] | None = None) -> None:
         super().__init__(result_types, loc=loc, attrs=attrs, names=names)
         self.callee = callee
-        self.args = list(args)
+        self.args = args
+
+    args = _operand_list("args", "The arguments passed to the callee.")
 
     @property
     def operands(self) -> list[Value]:
@@ -462,15 +629,22 @@ class CallOp(Op):
     def replace_uses(self, mapping: dict[Value, Value]) -> None:
         self.args = [mapping.get(a, a) for a in self.args]
 
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        return CallOp(self.callee, [mapping.get(a, a) for a in self.args],
+                      [r.type for r in self.results], loc=self.loc,
+                      attrs=copy.deepcopy(self.attrs), names=[r.name for r in self.results])
 
-class ReturnOp(Op):
-    """`nf.return %a, %b : types` ends a function."""
 
-    opname = "nf.return"
+class TerminatorOp(Op):
+    """Base of the ops that end a block and hand its `values` out (`is_terminator`)."""
+
+    is_terminator = True
 
     def __init__(self, values: list[Value], *, loc: Loc | None = None) -> None:
         super().__init__([], loc=loc)
-        self.values = list(values)
+        self.values = values
+
+    values = _operand_list("values", "The values handed out of the block.")
 
     @property
     def operands(self) -> list[Value]:
@@ -479,8 +653,17 @@ class ReturnOp(Op):
     def replace_uses(self, mapping: dict[Value, Value]) -> None:
         self.values = [mapping.get(a, a) for a in self.values]
 
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        return type(self)([mapping.get(v, v) for v in self.values], loc=self.loc)
 
-class YieldOp(ReturnOp):
+
+class ReturnOp(TerminatorOp):
+    """`nf.return %a, %b : types` ends a function."""
+
+    opname = "nf.return"
+
+
+class YieldOp(TerminatorOp):
     """`nf.yield %a : type` ends the body of a kernel op."""
 
     opname = "nf.yield"
@@ -500,7 +683,18 @@ class KernelOp(Op):
         term = body.ops[-1] if body.ops else None
         assert isinstance(term, YieldOp), "a kernel body ends with nf.yield"
         super().__init__([v.type for v in term.values], loc=loc, attrs=attrs, names=names)
+        self._body: Block | None = None
         self.body = body
+
+    @property
+    def body(self) -> Block:
+        """The kernel's block; assigning one makes this op its owner (a block has one)."""
+        assert self._body is not None
+        return self._body
+
+    @body.setter
+    def body(self, body: Block) -> None:
+        self._body = body._adopt(self, self._body, self._attached)
 
     @property
     def operands(self) -> list[Value]:
@@ -512,6 +706,10 @@ class KernelOp(Op):
                     seen.setdefault(id(v), v)
         return list(seen.values())
 
+    @property
+    def direct_operands(self) -> list[Value]:
+        return []
+
     def replace_uses(self, mapping: dict[Value, Value]) -> None:
         for op in self.body.ops:
             op.replace_uses(mapping)
@@ -519,12 +717,178 @@ class KernelOp(Op):
     def regions(self) -> list[Block]:
         return [self.body]
 
+    def erase_results(self, indices: Iterable[int]) -> None:
+        """Drop the results at `indices` (and the values the yield gives for them); refused
+        for a result that is still read."""
+        drop = set(indices)
+        for n in sorted(drop):
+            r = self.results[n]
+            if r.has_uses:
+                raise ValueError(f"cannot drop result {n} (%{r.name or '?'}) of nf.kernel: "
+                                 f"{len(r.uses)} op(s) still read it")
+        term = self.body.ops[-1]
+        assert isinstance(term, YieldOp)
+        keep = [n for n in range(len(self.results)) if n not in drop]
+        term.values = [term.values[n] for n in keep]
+        for n in drop:
+            self.results[n].owner = None
+        self.results = [self.results[n] for n in keep]
+        for n, r in enumerate(self.results):
+            r.index = n
 
-@dataclass
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        return KernelOp(self.body.clone(mapping), loc=self.loc, attrs=copy.deepcopy(self.attrs),
+                        names=[r.name for r in self.results])
+
+
+class _OpList(list):  # type: ignore[type-arg]
+    """A block's list of ops: an op added is linked to the block (and counted as a user of
+    what it reads when the block is part of a function); an op removed is unlinked.
+
+    An op belongs in one block. Adding it to a second one is not refused here, so that tests
+    can build broken IR for the verifier; the op then belongs to the block it entered last,
+    and the verifier reports the other. `Rewriter` refuses it.
+    """
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: Block, ops: Iterable[Op] = ()) -> None:
+        super().__init__()
+        self._block = block
+        self.extend(ops)
+
+    @staticmethod
+    def _check(ops: list[Op]) -> list[Op]:
+        for op in ops:
+            if not isinstance(op, Op):
+                raise TypeError(f"a block holds ops, not {op!r}")
+        return ops
+
+    def _link(self, op: Op) -> None:
+        op._parent = self._block
+        if op._attached != self._block._attached:
+            op._attach(self._block._attached)
+
+    def _unlink(self, op: Op, remaining: Iterable[Op] | None = None) -> None:
+        """Unlink `op`, removed from this list, unless it belongs elsewhere or is still here
+        (`remaining`: the ops left, default all of them)."""
+        if op._parent is not self._block:
+            return
+        if any(x is op for x in (self if remaining is None else remaining)):
+            return
+        op._parent = None
+        if op._attached:
+            op._attach(False)
+
+    def append(self, op: Op) -> None:
+        super().append(self._check([op])[0])
+        self._link(op)
+
+    def insert(self, index: SupportsIndex, op: Op) -> None:
+        super().insert(index, self._check([op])[0])
+        self._link(op)
+
+    def extend(self, ops: Iterable[Op]) -> None:
+        new = self._check(list(ops))
+        super().extend(new)
+        for op in new:
+            self._link(op)
+
+    def __iadd__(self, ops: Iterable[Op]) -> _OpList:  # type: ignore[override,misc]
+        self.extend(ops)
+        return self
+
+    def __imul__(self, n: SupportsIndex) -> _OpList:  # type: ignore[override,misc]
+        raise TypeError("an op cannot be in a block twice")
+
+    def pop(self, index: SupportsIndex = -1) -> Op:
+        op = super().pop(index)
+        self._unlink(op)
+        return op
+
+    def remove(self, op: Op) -> None:
+        super().pop(self.index(op))
+        self._unlink(op)
+
+    def clear(self) -> None:
+        old = list(self)
+        super().clear()
+        for op in old:
+            self._unlink(op, ())
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(key, slice):
+            old = super().__getitem__(key)
+            super().__setitem__(key, self._check([value])[0])
+            if old is not value:
+                self._unlink(old)
+                self._link(value)
+            return
+        old = super().__getitem__(key)
+        new = self._check(list(value))
+        super().__setitem__(key, new)
+        remaining = {id(op) for op in self}
+        was = {id(op) for op in old}
+        for op in old:
+            if id(op) not in remaining:
+                self._unlink(op, ())
+        for op in new:
+            if id(op) not in was:
+                self._link(op)
+
+    def __delitem__(self, key: Any) -> None:
+        old = super().__getitem__(key)
+        super().__delitem__(key)
+        if not isinstance(key, slice):
+            self._unlink(old)
+            return
+        remaining = {id(op) for op in self}
+        for op in old:
+            if id(op) not in remaining:
+                self._unlink(op, ())
+
+
+def _free(op: Op) -> Op:
+    if op.parent is not None:
+        raise ValueError(f"{op!r} is already in a block; detach it first or insert a clone")
+    return op
+
+
 class Block:
-    """An ordered list of ops."""
+    """An ordered list of ops, owned by a kernel op or a function (`parent`).
 
-    ops: list[Op] = field(default_factory=list)
+    `ops` is a list; changing it (append, insert, slice assignment, `del`, assigning a new
+    list) keeps every op's `parent` and the use lists right. An op is in one block at most.
+    """
+
+    def __init__(self, ops: Iterable[Op] = ()) -> None:
+        self._owner: Op | Func | None = None
+        self._attached = False
+        self._ops = _OpList(self, ops)
+
+    @property
+    def ops(self) -> list[Op]:
+        """The ops, in order."""
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops: Iterable[Op]) -> None:
+        self._ops[:] = list(ops)
+
+    @property
+    def parent(self) -> Op | Func | None:
+        """The kernel op or function whose body this block is."""
+        return self._owner
+
+    @property
+    def attached(self) -> bool:
+        """Whether the block is part of a function body (its ops count as users)."""
+        return self._attached
+
+    @property
+    def terminator(self) -> Op | None:
+        """The last op if it is a terminator."""
+        return self._ops[-1] if self._ops and self._ops[-1].is_terminator else None
 
     def walk(self) -> Iterator[Op]:
         """Every op, nested ones included, in order (an op before its nested ops)."""
@@ -532,6 +896,61 @@ class Block:
             yield op
             for region in op.regions():
                 yield from region.walk()
+
+    def index(self, op: Op) -> int:
+        """The position of `op` (ValueError when it is not in this block)."""
+        if op._parent is not self:
+            raise ValueError(f"{op!r} is not in this block")
+        return self._ops.index(op)
+
+    def insert_before(self, op: Op, anchor: Op) -> None:
+        """Put `op` (in no block yet) just before `anchor`."""
+        self._ops.insert(self.index(anchor), _free(op))
+
+    def insert_after(self, op: Op, anchor: Op) -> None:
+        """Put `op` (in no block yet) just after `anchor`."""
+        self._ops.insert(self.index(anchor) + 1, _free(op))
+
+    def detach(self, op: Op) -> Op:
+        """Take `op` out of this block (to move it elsewhere); it stops reading anything, but
+        its results keep their uses."""
+        self._ops.pop(self.index(op))
+        return op
+
+    def erase(self, op: Op) -> None:
+        """Remove `op` for good; refused (ValueError) while one of its results is read."""
+        for r in op.results:
+            if r.has_uses:
+                users = ", ".join(u.opname for u in r.uses[:3])
+                raise ValueError(f"cannot erase {op.opname} defining %{r.name or '?'}: still "
+                                 f"read by {len(r.uses)} op(s) ({users})")
+        self.detach(op)
+
+    def clone(self, mapping: dict[Value, Value] | None = None) -> Block:
+        """A copy of every op (see `Op.clone`), in a new block of no owner."""
+        mapping = {} if mapping is None else mapping
+        return Block([op.clone(mapping) for op in self.ops])
+
+    def _adopt(self, owner: Op | Func, old: Block | None, attached: bool) -> Block:
+        """Become `owner`'s body in place of `old` (which is released); returns self."""
+        if old is not self:
+            if old is not None and old._owner is owner:
+                old._set_owner(None, False)
+            self._set_owner(owner, attached)
+        return self
+
+    def _set_owner(self, owner: Op | Func | None, attached: bool) -> None:
+        self._owner = owner
+        if attached != self._attached:
+            self._attach(attached)
+
+    def _attach(self, attached: bool) -> None:
+        self._attached = attached
+        for op in self._ops:
+            op._attach(attached)
+
+    def __repr__(self) -> str:
+        return f"Block({len(self._ops)} ops)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,15 +969,26 @@ class Func:
         self.name = name
         self.args = list(args)
         self.arg_attrs = arg_attrs if arg_attrs is not None else [{} for _ in args]
+        self._body: Block | None = None
         self.body = body or Block()
         self.attrs: dict[str, Any] = dict(attrs or {})
         self.loc = loc
 
     @property
+    def body(self) -> Block:
+        """The function's block; its ops are attached (they count as users)."""
+        assert self._body is not None
+        return self._body
+
+    @body.setter
+    def body(self, body: Block) -> None:
+        self._body = body._adopt(self, self._body, True)
+
+    @property
     def ret(self) -> ReturnOp:
         """The terminating return op."""
         op = self.body.ops[-1]
-        assert isinstance(op, ReturnOp) and not isinstance(op, YieldOp), "missing nf.return"
+        assert isinstance(op, ReturnOp), "missing nf.return"
         return op
 
     @property
@@ -570,25 +1000,25 @@ class Func:
         """Every op of the body, nested ones included."""
         return self.body.walk()
 
-    def replace_all_uses(self, mapping: dict[Value, Value]) -> None:
-        """Replace uses of values everywhere in the body."""
-        for op in self.walk():
-            op.replace_uses(mapping)
-
-    def users(self) -> dict[int, list[Op]]:
-        """id(value) -> ops (top-level or nested) that read it."""
-        out: dict[int, list[Op]] = {}
-        for op in self.walk():
-            for v in op.operands:
-                out.setdefault(id(v), []).append(op)
-        return out
-
     def arg(self, name: str) -> Value:
         """The argument named `name`."""
         for a in self.args:
             if a.name == name:
                 return a
         raise KeyError(name)
+
+    def clone(self, name: str | None = None,
+              mapping: dict[Value, Value] | None = None) -> Func:
+        """A deep copy (fresh argument and op values with the same names, attributes copied)
+        named `name` (default: the same); `mapping` receives old value -> new value."""
+        mapping = {} if mapping is None else mapping
+        args = []
+        for a in self.args:
+            mapping[a] = b = Value(a.type, a.name)
+            args.append(b)
+        return Func(self.name if name is None else name, args, self.body.clone(mapping),
+                    arg_attrs=copy.deepcopy(self.arg_attrs), attrs=copy.deepcopy(self.attrs),
+                    loc=self.loc)
 
 
 class Module:

@@ -15,13 +15,18 @@ It checks:
   typing rules below, and in-bounds loads (`nfc.bounds.check_bounds`);
 - calls: the callee exists, argument and result types match its signature;
 - kernels: not nested; the body ends with `nf.yield` of the kernel's result types.
+- use lists (`check_use_lists`): every op is linked to its block and is a user of exactly the
+  values it reads.
 
-Typing rules (`infer_dtype`): literals without a dtype and index variables are weak: they
-take the type of the other operand. Two typed operands must have the same type. A weak float
-never meets an integer. Arithmetic is not defined on i1; `/` needs floats (use `//` on
-integers); `and`/`or`/`not`/select conditions take i1; comparisons give i1. exp, log, sqrt,
-rsqrt, tanh, sigmoid, erf and pow take floats; abs, max, min any number; philox takes integers
-and gives a weak float. A compute's body has the result's type (or is weak).
+Typing rules (`infer_dtype`) are the operator table's (`nfc.ops`, docs/operators.md), the same
+the interpreter, simplifier, cost model, frontend and backends apply: literals without a dtype
+and index variables are weak: they take the type of the other operand. Two typed operands must
+have the same type. A weak float never meets an integer. Each operator's row names what its
+operands may be: arithmetic is not defined on i1; `/` needs floats (use `//` on integers);
+`and`/`or`/`not`/select conditions take i1; comparisons and `isfinite` give i1; exp, log,
+sqrt, rsqrt, tanh, sigmoid, erf, softplus, log1p, expm1, atan2 and pow take floats; abs, max,
+min any number; philox takes integers and gives a weak float. A compute's body has the
+result's type (or is weak).
 """
 
 from __future__ import annotations
@@ -29,17 +34,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nfc import ops
 from nfc.bounds import check_bounds
 from nfc.diagnostics import DiagnosticEngine
 from nfc.ir import (
-    COMPARISONS,
     INTRINSICS,
     MAX_ELEMENTS,
     REDUCTIONS,
     Binary,
+    Block,
     Call,
     CallOp,
-    Cast,
     ComputeOp,
     Const,
     DType,
@@ -52,33 +57,25 @@ from nfc.ir import (
     Module,
     Op,
     ReturnOp,
-    Select,
     TensorType,
     Unary,
     Value,
     YieldOp,
 )
-
-WEAK_INT = "int"
-WEAK_FLOAT = "float"
-Kind = DType | str
+from nfc.ops import Kind
 
 ROLES = frozenset({"input", "param", "state", "rng", "opt_state", "step"})
 INITIALIZERS = ("normal", "uniform", "zeros", "ones", "const", "glorot_uniform", "he_normal")
 _INIT_RE = re.compile(r"\s*(" + "|".join(INITIALIZERS) + r")\s*(\(.*\))?\s*\Z")
-_FLOAT_FNS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
 
 
 def _vname(v: Value) -> str:
     return f"%{v.name or '?'}"
 
 
-def _is_float(k: Kind) -> bool:
-    return k == WEAK_FLOAT or (isinstance(k, DType) and k.is_float)
-
-
 class _Typer:
-    """Infers kinds bottom-up, recording every error; None marks an already reported error."""
+    """Infers kinds bottom-up with the operator table's rules (nfc.ops), recording every
+    error; None marks an already reported error."""
 
     def __init__(self, bound: set[str] | None) -> None:
         self.bound = bound
@@ -87,70 +84,35 @@ class _Typer:
     def err(self, msg: str) -> None:
         self.errors.append(msg)
 
-    def unify(self, what: str, a: Kind | None, b: Kind | None) -> Kind | None:
-        if a is None or b is None:
-            return None
-        if isinstance(a, DType) and isinstance(b, DType):
-            if a != b:
-                self.err(f"operands of '{what}' have different types {a} and {b}")
-                return None
-            return a
-        if isinstance(a, DType) or isinstance(b, DType):
-            strong, weak = (a, b) if isinstance(a, DType) else (b, a)
-            assert isinstance(strong, DType)
-            if weak == WEAK_FLOAT and not strong.is_float:
-                self.err(f"a float operand of '{what}' meets an integer operand of type "
-                         f"{strong}")
-                return None
-            return strong
-        return WEAK_FLOAT if WEAK_FLOAT in (a, b) else WEAK_INT
-
     def kind(self, e: Expr) -> Kind | None:
         if isinstance(e, Const):
-            if isinstance(e.value, bool):
-                return DType.I1
-            if e.dtype is None:
-                return WEAK_FLOAT if e.is_float else WEAK_INT
-            if e.is_float and not e.dtype.is_float:
+            if e.is_float and e.dtype is not None and not e.dtype.is_float:
                 self.err(f"float literal {e.value!r} typed {e.dtype}")
                 return None
-            return e.dtype
+            return ops.const_kind(e)
         if isinstance(e, Index):
             if self.bound is not None and e.name not in self.bound:
                 self.err(f"unknown index variable '{e.name}'")
                 return None
-            return WEAK_INT
+            return ops.WEAK_INT
         if isinstance(e, Load):
             return self.load(e)
-        if isinstance(e, Unary):
-            k = self.kind(e.x)
-            if k is None:
-                return None
-            if e.op == "not":
-                if k != DType.I1:
-                    self.err(f"'not' needs an i1 operand, not {k}")
-                    return None
-                return DType.I1
-            if e.op != "neg":
-                self.err(f"unknown unary operator '{e.op}'")
-                return None
-            if k == DType.I1:
-                self.err("negation of an i1 value")
-                return None
-            return k
-        if isinstance(e, Binary):
-            return self.binary(e)
-        if isinstance(e, Select):
-            c = self.kind(e.cond)
-            if c is not None and c != DType.I1:
-                self.err(f"select condition has type {c}, expected i1")
-            return self.unify("select", self.kind(e.a), self.kind(e.b))
-        if isinstance(e, Cast):
-            return e.dtype if self.kind(e.x) is not None else None
+        row = ops.find(e)
         if isinstance(e, Call):
-            return self.call(e)
-        self.err(f"unknown expression node {type(e).__name__}")
-        return None
+            n = INTRINSICS.get(e.fn)
+            if n is None:
+                self.err(f"unknown intrinsic '{e.fn}'")
+                return None
+            if len(e.args) != n:
+                self.err(f"'{e.fn}' takes {n} arguments, {len(e.args)} given")
+                return None
+        kinds = [self.kind(c) for c in e.children()]
+        if row is None:
+            what = {Unary: "unary operator", Binary: "binary operator"}.get(type(e))
+            self.err(f"unknown {what} '{ops.key(e)}'" if what else
+                     f"unknown expression node {type(e).__name__}")
+            return None
+        return ops.check_strict(row, e, kinds, self.err)[1]
 
     def load(self, e: Load) -> Kind | None:
         t = e.tensor
@@ -161,63 +123,10 @@ class _Typer:
             ok = False
         for d, ie in enumerate(e.indices):
             k = self.kind(ie)
-            if k is not None and _is_float(k):
+            if ops.is_float(k):
                 self.err(f"index {d} of '{_vname(t)}' has type {k}; indices must be integers")
                 ok = False
         return t.dtype if ok else None
-
-    def binary(self, e: Binary) -> Kind | None:
-        a, b = self.kind(e.a), self.kind(e.b)
-        if e.op in ("and", "or"):
-            for k in (a, b):
-                if k is not None and k != DType.I1:
-                    self.err(f"'{e.op}' needs i1 operands, not {k}")
-                    return None
-            return DType.I1 if a is not None and b is not None else None
-        if e.op in COMPARISONS:
-            return DType.I1 if self.unify(e.op, a, b) is not None else None
-        if e.op not in ("+", "-", "*", "/", "//", "%"):
-            self.err(f"unknown binary operator '{e.op}'")
-            return None
-        k = self.unify(e.op, a, b)
-        if k is None:
-            return None
-        if k == DType.I1:
-            self.err(f"arithmetic '{e.op}' on i1 values")
-            return None
-        if e.op == "/" and not _is_float(k):
-            self.err(f"'/' on integers ({k}); use '//' for floor division")
-            return None
-        return k
-
-    def call(self, e: Call) -> Kind | None:
-        if e.fn not in INTRINSICS:
-            self.err(f"unknown intrinsic '{e.fn}'")
-            return None
-        if len(e.args) != INTRINSICS[e.fn]:
-            self.err(f"'{e.fn}' takes {INTRINSICS[e.fn]} arguments, {len(e.args)} given")
-            return None
-        ks = [self.kind(a) for a in e.args]
-        if any(k is None for k in ks):
-            return None
-        if e.fn == "philox":
-            if any(_is_float(k) for k in ks):  # type: ignore[arg-type]
-                self.err("philox takes integer arguments")
-                return None
-            return WEAK_FLOAT
-        k = self.unify(e.fn, ks[0], ks[1]) if len(ks) == 2 else ks[0]
-        if k is None:
-            return None
-        if k == DType.I1:
-            self.err(f"'{e.fn}' of i1 values")
-            return None
-        if e.fn in _FLOAT_FNS or e.fn == "pow":
-            if isinstance(k, DType) and not k.is_float:
-                self.err(f"'{e.fn}' needs a float operand, not {k}")
-                return None
-            if k == WEAK_INT:
-                return WEAK_FLOAT
-        return k
 
 
 def infer_dtype(e: Expr) -> DType | None:
@@ -276,10 +185,10 @@ class _FuncVerifier:
             if i < len(f.arg_attrs):
                 self.arg_attrs(a, f.arg_attrs[i])
         ops = f.body.ops
-        if not ops or not isinstance(ops[-1], ReturnOp) or isinstance(ops[-1], YieldOp):
+        if not ops or not isinstance(ops[-1], ReturnOp):
             self.error(f"@{f.name} does not end with nf.return", f.loc)
         self.block(ops, in_kernel=False)
-        if ops and isinstance(ops[-1], ReturnOp) and not isinstance(ops[-1], YieldOp):
+        if ops and isinstance(ops[-1], ReturnOp):
             names = f.attrs.get("nf.results")
             n = len(ops[-1].values)
             if names is not None and (not isinstance(names, list | tuple) or len(names) != n
@@ -376,7 +285,7 @@ class _FuncVerifier:
                     self.error(f"argument {i} of the call of '@{op.callee}' has type {g}, "
                                f"expected {w}", op.loc)
         ops = callee.body.ops
-        if ops and isinstance(ops[-1], ReturnOp) and not isinstance(ops[-1], YieldOp):
+        if ops and isinstance(ops[-1], ReturnOp):
             rw = callee.result_types
             rg = [r.type for r in op.results]
             if rg != rw:
@@ -419,7 +328,7 @@ class _FuncVerifier:
         if k is not None:
             if isinstance(k, DType) and k != rt.dtype:
                 self.error(f"the body has type {k} but the result type is {rt}", loc)
-            elif k == WEAK_FLOAT and not rt.dtype.is_float:
+            elif k == ops.WEAK_FLOAT and not rt.dtype.is_float:
                 self.error(f"the body is a float but the result type is {rt}", loc)
         if self.eng.error_count == n_before:
             for v in check_bounds(op):
@@ -447,10 +356,46 @@ def _call_cycles(module: Module, eng: DiagnosticEngine) -> None:
             visit(name, [name])
 
 
+def check_use_lists(func: Func, eng: DiagnosticEngine) -> None:
+    """The links the rewrite API maintains are right: every block of `func` knows its owner
+    and every op its block; every op is attached, and among the ops of `func` the users of a
+    value are exactly the ones that read it (an argument object shared with another function
+    may have users there too)."""
+    readers: dict[Value, set[Op]] = {a: set() for a in func.args}
+    ops: set[Op] = set()
+    bad: list[str] = []
+
+    def block(b: Block, owner: Op | Func) -> None:
+        if b.parent is not owner or not b.attached:
+            bad.append(f"a block of {getattr(owner, 'opname', '@' + func.name)} is not linked "
+                       "to it")
+        for op in b.ops:
+            ops.add(op)
+            if op.parent is not b or not op.attached:
+                bad.append(f"{op.opname} is not linked to its block")
+            for r in op.results:
+                readers.setdefault(r, set())
+            for v in op.direct_operands:
+                readers.setdefault(v, set()).add(op)
+            for region in op.regions():
+                block(region, op)
+
+    block(func.body, func)
+    for v, want in readers.items():
+        uses = ops.intersection(v.uses)
+        if uses != want:
+            bad.append(f"the use list of '{_vname(v)}' has {len(uses - want)} op(s) that do "
+                       f"not read it and misses {len(want - uses)} that do")
+    for msg in bad:
+        eng.error(f"broken use lists in @{func.name}: {msg} (change the IR through "
+                  "nfc.rewrite.Rewriter or the nfc.ir methods)", func.loc)
+
+
 def verify_func(func: Func, module: Module | None = None) -> None:
     """Verify one function (calls are checked against `module` when given)."""
     eng = DiagnosticEngine()
     _FuncVerifier(func, module, eng).run()
+    check_use_lists(func, eng)
     eng.check()
 
 
@@ -464,6 +409,7 @@ def verify(module: Module) -> None:
         seen.add(f.name)
     for f in module.funcs:
         _FuncVerifier(f, module, eng).run()
+        check_use_lists(f, eng)
     _call_cycles(module, eng)
     eng.check()
 

@@ -48,7 +48,8 @@ from nfc import __version__
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.lower import group_of
 from nfc.fsutil import atomic_write, private_dir, remove_stale_temporaries
-from nfc.ir import ComputeOp, KernelOp, Value
+from nfc.ir import Call, ComputeOp, KernelOp, Value
+from nfc.ops import plugin_fingerprint
 from nfc.printer import format_attr_dict, format_expr
 
 #: Op attributes that label an op for people (profiles, diagnostics, the fuse pass's record of
@@ -65,8 +66,11 @@ CODEGEN_MODULES = (
     "nfc.codegen.lowering.stage", "nfc.simplify", "nfc.simplify.rules", "nfc.simplify.pattern",
     "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
     "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
-    "nfc.codegen.llvm.intrinsics",
+    "nfc.codegen.llvm.intrinsics", "nfc.codegen.llvm.render",
     "nfc.codegen.artifact.kcache", "nfc.codegen.artifact.parallel",
+    # the operator table: kernels are typed, folded and emitted by its rows
+    "nfc.ops", "nfc.ops.lattice", "nfc.ops.table", "nfc.ops.registry", "nfc.ops.infer",
+    "nfc.ops.numerics", "nfc.simplify.fold",
 )
 _ELF_MAGIC = b"\x7fELF"
 #: Header of a cached object: magic, sha256(key, object code), length of the object code.
@@ -148,7 +152,17 @@ def kernel_key(op: ComputeOp | KernelOp, schedule: Any, target: CpuTarget, *,
                  schedule_json(schedule), structural_text(op)):
         h.update(part.encode())
         h.update(b"\0")
+    plugins = plugin_fingerprint(e.fn for o in _computes(op) for e in o.body.walk()
+                                 if isinstance(e, Call))
+    if plugins:  # a plugin's intrinsic: its code decides the kernel's too
+        h.update(plugins.encode())
     return h.hexdigest()
+
+
+def _computes(op: ComputeOp | KernelOp) -> list[ComputeOp]:
+    if isinstance(op, ComputeOp):
+        return [op]
+    return [o for o in op.body.walk() if isinstance(o, ComputeOp)]
 
 
 def kernel_symbol(key: str) -> str:

@@ -18,6 +18,7 @@ from llvmlite import ir
 from nfc.affine import interval
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.llvm import intrinsics as M
+from nfc.codegen.llvm import render
 from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype
 from nfc.codegen.llvm.fold import const_ints
 from nfc.codegen.loops import (
@@ -33,7 +34,7 @@ from nfc.codegen.loops import (
     Stmt,
     Store,
 )
-from nfc.ir import Binary, Call, DType, Expr
+from nfc.ir import Binary, DType, Expr
 
 PTR = ir.PointerType()
 VOID = ir.VoidType()
@@ -333,7 +334,7 @@ class FuncEmitter(ExprEmitter):
         if not idx_lane:
             if s.reduce is None:
                 raise NotImplementedError("a plain store of all lanes to one element")
-            from nfc.codegen.lower import identity
+            from nfc.codegen.lowering.reductions import identity
 
             v = self.vec(self.value(s.value, dt))
             if self.mask is not None:
@@ -466,14 +467,13 @@ def _auto_unroll(s: For, c: int | None) -> bool:
 
 
 def _value_size(e: Expr) -> int:
-    """Operations of a stored value (a load counts once, its indices not at all; a
-    transcendental function about 20: it becomes a polynomial)."""
+    """Operations of a stored value (a load counts once, its indices not at all; an operator
+    its renderer's size: a transcendental function about 20, it becomes a polynomial)."""
     from nfc.codegen.loops import BufLoad
 
     if isinstance(e, BufLoad):
         return 1
-    own = 20 if isinstance(e, Call) and e.fn not in ("max", "min", "abs") else 1
-    return own + sum(_value_size(c) for c in e.children())
+    return render.size(e) + sum(_value_size(c) for c in e.children())
 
 
 def _lanes_of(body: Stmt, store: Store) -> int:

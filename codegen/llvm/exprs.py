@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from llvmlite import ir
 
+from nfc import ops
 from nfc.affine import Affine, interval, to_affine
 from nfc.codegen.llvm import intrinsics as M
-from nfc.codegen.llvm.fold import const_ints, fold_int, int_constant
+from nfc.codegen.llvm import render
+from nfc.codegen.llvm.fold import const_ints, int_constant
 from nfc.codegen.loops import Buffer, BufLoad, Clamp
-from nfc.ir import COMPARISONS, Binary, Call, Cast, Const, DType, Expr, Index, Select, Unary
+from nfc.ir import Binary, Const, DType, Expr, Index, Select
 
 LLTYPE: dict[DType, ir.Type] = {DType.F32: M.F32, DType.F64: M.F64, DType.I1: M.I1,
                                 DType.I32: M.I32, DType.I64: M.I64}
@@ -37,92 +40,29 @@ def memtype(dt: DType) -> ir.Type:
     return ir.IntType(8) if dt is DType.I1 else lltype(dt)
 
 
-def unify(a: DType, b: DType) -> DType:
-    """The common type of two operands: floats beat integers, wider beats narrower."""
-    if a == b:
-        return a
-    if a.is_float != b.is_float:
-        return a if a.is_float else b
-    return a if a.itemsize >= b.itemsize else b
-
-
-#: Memo of `infer`/`_weak` results by (id(node), context); each entry pins its node, so an id is
-#: never reused while the memo lives. An emitter keeps one per function: typing is then linear
-#: in the expression size instead of quadratic in its depth.
-TypeMemo = dict[tuple[int, object], tuple[Expr, object]]
-
-
-def _weak(e: Expr, memo: TypeMemo | None = None) -> bool:
-    if memo is not None:
-        hit = memo.get((id(e), "weak"))
-        if hit is not None and hit[0] is e:
-            return bool(hit[1])
-    if isinstance(e, Const):
-        r = e.dtype is None
-    elif isinstance(e, Unary) and e.op == "neg":
-        r = _weak(e.x, memo)
-    elif isinstance(e, Select) or (isinstance(e, Binary) and e.op not in COMPARISONS
-                                   and e.op not in ("and", "or")):
-        r = _weak(e.a, memo) and _weak(e.b, memo)
-    elif isinstance(e, Call) and e.fn != "philox":
-        r = all(_weak(a, memo) for a in e.args)
-    else:
-        r = False
-    if memo is not None:
-        memo[(id(e), "weak")] = (e, r)
-    return r
-
-
-def infer(e: Expr, ctx: DType | None, memo: TypeMemo | None = None) -> DType:
-    """The type `e` computes in, given the type its context expects (`memo`: see TypeMemo)."""
-    if isinstance(e, Const):
-        if e.dtype is not None:
-            return e.dtype
-        if isinstance(e.value, bool):
-            return DType.I1
-        if ctx is not None:
-            return ctx
-        return DType.F32 if isinstance(e.value, float) else DType.I64
+def _machine_leaf(e: Expr) -> DType | None:
+    """Kinds of the loop-IR leaves: loop variables and clamped indices are i64 values."""
     if isinstance(e, Index | Clamp):
         return DType.I64
     if isinstance(e, BufLoad):
         return e.buffer.dtype
-    if isinstance(e, Cast):
-        return e.dtype
-    if memo is not None:
-        hit = memo.get((id(e), ctx))
-        if hit is not None and hit[0] is e:
-            return hit[1]  # type: ignore[return-value]
-    r = _infer(e, ctx, memo)
-    if memo is not None:
-        memo[(id(e), ctx)] = (e, r)
-    return r
+    return None
 
 
-def _infer(e: Expr, ctx: DType | None, memo: TypeMemo | None) -> DType:
-    if isinstance(e, Unary):
-        return DType.I1 if e.op == "not" else infer(e.x, ctx, memo)
-    if isinstance(e, Binary):
-        if e.op in COMPARISONS or e.op in ("and", "or"):
-            return DType.I1
-        return _common([e.a, e.b], ctx, memo)
-    if isinstance(e, Select):
-        return _common([e.a, e.b], ctx, memo)
-    if isinstance(e, Call):
-        if e.fn == "philox":
-            return ctx if ctx is not None and ctx.is_float else DType.F32
-        return _common(list(e.args), ctx, memo)
-    raise TypeError(f"cannot type {e!r}")
+def typer() -> ops.Typer:
+    """The operator table's typing for loop IR: machine leaves and `promote` (i64 loop
+    variables meet i32 data), memoised per node."""
+    return ops.Typer(_machine_leaf, ops.promote)
 
 
-def _common(args: list[Expr], ctx: DType | None, memo: TypeMemo | None = None) -> DType:
-    strong = [infer(a, None, memo) for a in args if not _weak(a, memo)]
-    if not strong:
-        return infer(args[0], ctx, memo) if ctx is None else ctx
-    out = strong[0]
-    for t in strong[1:]:
-        out = unify(out, t)
-    return out
+def infer(e: Expr, ctx: DType | None, memo: ops.Typer | None = None) -> DType:
+    """The type `e` computes in, given the type its context expects: its kind by the operator
+    table, weak kinds resolved by the context (`memo`: a `typer()` kept per emitter, so that
+    typing is linear in the expression size instead of quadratic in its depth)."""
+    k = (memo or typer()).kind(e)
+    if k is None:
+        raise TypeError(f"cannot type {e!r}")
+    return ops.resolve(k, ctx)
 
 
 class ExprEmitter:
@@ -134,8 +74,8 @@ class ExprEmitter:
     lane: str | None = None
     width: int = 1
     mask: ir.Value | None = None
-    memo: TypeMemo | None = None
-    """Types of the expressions emitted so far (per emitter, see TypeMemo)."""
+    types: ops.Typer | None = None
+    """Kinds of the expressions emitted so far (per emitter, see `typer`)."""
     addr_memo: dict[tuple[object, ...], tuple[object, object, tuple[Expr, list[Clamp]]]] | None \
         = None
     aff_memo: dict[tuple[int, str | None], tuple[Expr, object]] | None = None
@@ -195,11 +135,15 @@ class ExprEmitter:
             return b.zext(v, to)
         return b.sext(v, to) if dst.itemsize > src.itemsize else b.trunc(v, to)
 
+    def typer(self) -> ops.Typer:
+        """This emitter's memoised typing."""
+        if self.types is None:
+            self.types = typer()
+        return self.types
+
     def value(self, e: Expr, dt: DType) -> ir.Value:
         """`e` evaluated and converted to `dt`."""
-        if self.memo is None:
-            self.memo = {}
-        src = infer(e, dt, self.memo)
+        src = infer(e, dt, self.typer())
         return self.convert(self.emit(e, src), src, dt)
 
     def nonneg(self, e: Expr) -> bool:
@@ -210,89 +154,34 @@ class ExprEmitter:
     # --- expressions ---------------------------------------------------------------------
 
     def emit(self, e: Expr, dt: DType) -> ir.Value:
-        """`e` computed in type `dt` (its inferred type in context)."""
-        b = self.b
-        if isinstance(e, Const):
-            return ir.Constant(lltype(dt), e.value if dt.is_float else int(e.value))
-        if isinstance(e, Index):
-            if e.name == self.lane:
-                return ir.Constant(ir.VectorType(M.I64, self.width), list(range(self.width)))
-            return self.env[e.name]
-        if isinstance(e, Clamp):
-            v = self.emit(e.x, DType.I64)
-            ints = const_ints(v)
-            if ints is not None:
-                folded = int_constant(v.type, [min(x, e.hi) for x in ints])
-                if folded is not None:
-                    return folded
-            hi = M.const(v.type, e.hi)
-            return b.select(b.icmp_signed("<", v, hi), v, hi)
-        if isinstance(e, BufLoad):
-            return self.load(e)
-        if isinstance(e, Cast):
-            return self.value(e.x, e.dtype)
-        if isinstance(e, Unary):
-            if e.op == "not":
-                v = self.value(e.x, DType.I1)
-                ints = const_ints(v)
-                if ints is not None:
-                    return int_constant(v.type, [1 - (x & 1) for x in ints]) or v
-                return b.xor(v, M.const(v.type, 1))
-            v = self.emit(e.x, dt)
-            return b.fneg(v) if dt.is_float else b.sub(M.const(v.type, 0), v)
-        if isinstance(e, Binary):
-            return self.binary(e, dt)
-        if isinstance(e, Select):
-            return self.select(e, dt)
-        if isinstance(e, Call):
-            return self.call(e, dt)
-        raise TypeError(f"cannot emit {e!r}")
+        """`e` computed in type `dt` (its inferred type in context): leaves here, operators
+        through the renderer table (nfc.codegen.llvm.render)."""
+        leaf = _LEAVES.get(type(e))
+        if leaf is not None:
+            return leaf(self, e, dt)
+        return render.emit_op(self, e, dt)
 
-    def binary(self, e: Binary, dt: DType) -> ir.Value:
-        b = self.b
-        if e.op in ("and", "or"):
-            x, y = self.match(self.value(e.a, DType.I1), self.value(e.b, DType.I1))
-            folded = fold_int(e.op, x, y, x.type)
+    def const(self, e: Const, dt: DType) -> ir.Value:
+        """A literal in type `dt`."""
+        return ir.Constant(lltype(dt), e.value if dt.is_float else int(e.value))
+
+    def index(self, e: Index, dt: DType) -> ir.Value:
+        """A loop variable (the lane vector `<0, 1, ...>` for the vectorized one)."""
+        if e.name == self.lane:
+            return ir.Constant(ir.VectorType(M.I64, self.width), list(range(self.width)))
+        return self.env[e.name]
+
+    def clamp(self, e: Clamp, dt: DType) -> ir.Value:
+        """`min(x, hi)` of a padded tile's index (vector loads mask instead)."""
+        # value(), not emit(): a clamped index may be a load of an i32 tensor (a gather)
+        v = self.value(e.x, DType.I64)
+        ints = const_ints(v)
+        if ints is not None:
+            folded = int_constant(v.type, [min(x, e.hi) for x in ints])
             if folded is not None:
                 return folded
-            return b.and_(x, y) if e.op == "and" else b.or_(x, y)
-        if e.op in COMPARISONS:
-            t = _common([e.a, e.b], None, self.memo)
-            x, y = self.match(self.value(e.a, t), self.value(e.b, t))
-            if not t.is_float:
-                folded = fold_int(e.op, x, y, M.like(x.type, M.I1))
-                if folded is not None:
-                    return folded
-            if t.is_float:
-                if e.op == "!=":
-                    return b.fcmp_unordered("!=", x, y)
-                return b.fcmp_ordered(e.op, x, y)
-            return b.icmp_signed(e.op, x, y)
-        x, y = self.match(self.value(e.a, dt), self.value(e.b, dt))
-        if dt.is_float:
-            if e.op in ("//", "%"):
-                q = M.intrinsic(b, "floor", [b.fdiv(x, y)])
-                return q if e.op == "//" else b.fsub(x, b.fmul(q, y))
-            fn = {"+": b.fadd, "-": b.fsub, "*": b.fmul, "/": b.fdiv}[e.op]
-            return fn(x, y)
-        folded = fold_int(e.op, x, y, x.type)
-        if folded is not None:
-            return folded
-        if e.op in ("+", "-", "*"):
-            return {"+": b.add, "-": b.sub, "*": b.mul}[e.op](x, y)
-        if e.op == "/":
-            return b.sdiv(x, y)
-        if self.nonneg(e.a) and self.nonneg(e.b):
-            return b.sdiv(x, y) if e.op == "//" else b.srem(x, y)
-        # floor semantics for negative operands
-        q, r = b.sdiv(x, y), b.srem(x, y)
-        zero = M.const(x.type, 0)
-        fix = b.and_(b.icmp_signed("!=", r, zero),
-                     b.icmp_signed("!=", b.icmp_signed("<", r, zero),
-                                   b.icmp_signed("<", y, zero)))
-        if e.op == "//":
-            return b.sub(q, b.zext(fix, x.type))
-        return b.add(r, b.select(fix, y, zero))
+        hi = M.const(v.type, e.hi)
+        return self.b.select(self.b.icmp_signed("<", v, hi), v, hi)
 
     def select(self, e: Select, dt: DType) -> ir.Value:
         b = self.b
@@ -346,43 +235,6 @@ class ExprEmitter:
         phi.add_incoming(x, bx)
         phi.add_incoming(y, by)
         return phi
-
-    def call(self, e: Call, dt: DType) -> ir.Value:
-        b = self.b
-        fn = e.fn
-        if fn == "philox":
-            key = self.value(e.args[0], DType.I64)
-            ctr = self.value(e.args[1], DType.I64)
-            key, ctr = self.match(key, ctr)
-            words = M.philox4x32(b, key, ctr)
-            u = b.fmul(b.uitofp(words[0], M.like(key.type, M.F64)),
-                       M.const(M.like(key.type, M.F64), 2.0 ** -32))
-            return self.convert(u, DType.F64, dt)
-        args = [self.value(a, dt) for a in e.args]
-        if len(args) == 2:
-            args = list(self.match(args[0], args[1]))
-        x = args[0]
-        if fn in ("max", "min"):
-            y = args[1]
-            op = ">" if fn == "max" else "<"
-            c = b.fcmp_ordered(op, x, y) if dt.is_float else b.icmp_signed(op, x, y)
-            return b.select(c, x, y)
-        if fn == "abs":
-            if dt.is_float:
-                return M.intrinsic(b, "fabs", [x])
-            return b.select(b.icmp_signed("<", x, M.const(x.type, 0)), b.sub(
-                M.const(x.type, 0), x), x)
-        if not dt.is_float:
-            raise NotImplementedError(f"{fn} of {dt}")
-        if fn == "pow":
-            yc = e.args[1]
-            c = float(yc.value) if isinstance(yc, Const) and not isinstance(
-                yc.value, bool) else None
-            return M.pow_(b, x, args[1], c)
-        table: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {
-            "exp": M.exp, "log": M.log, "tanh": M.tanh, "erf": M.erf, "sigmoid": M.sigmoid,
-            "sqrt": M.sqrt, "rsqrt": M.rsqrt}
-        return table[fn](b, x)
 
     # --- memory --------------------------------------------------------------------------
 
@@ -558,3 +410,10 @@ def _conjuncts(e: Expr) -> list[Expr]:
 
 def _conjunction(parts: list[Expr]) -> Expr:
     return functools.reduce(lambda x, y: Binary("and", x, y), parts)
+
+
+#: Emission of the leaves of loop-IR expressions; operators go through the renderer table.
+_LEAVES: dict[type[Expr], Callable[[ExprEmitter, Any, DType], ir.Value]] = {
+    Const: ExprEmitter.const, Index: ExprEmitter.index, Clamp: ExprEmitter.clamp,
+    BufLoad: lambda em, e, dt: em.load(e),
+}

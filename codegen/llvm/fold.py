@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from nfc import ops
 from nfc.codegen.llvm import intrinsics as M
+from nfc.ir import Binary
 
 
 def const_ints(v: ir.Value) -> list[int] | None:
@@ -51,13 +53,11 @@ def int_constant(t: ir.Type, values: list[int]) -> ir.Constant | None:
     return ir.Constant(t, [ir.Constant(e, x) for x in vals])
 
 
+#: Integer semantics of the binary operators (floor `//` and `%`, like the IR): the operator
+#: table's compile-time evaluation (`scalar`), on Python integers. `/` is not an integer one.
 _INT_OPS: dict[str, Callable[[int, int], int | bool]] = {
-    "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
-    "//": lambda x, y: x // y, "%": lambda x, y: x % y,  # floor semantics, like the IR
-    "<": lambda x, y: x < y, "<=": lambda x, y: x <= y, ">": lambda x, y: x > y,
-    ">=": lambda x, y: x >= y, "==": lambda x, y: x == y, "!=": lambda x, y: x != y,
-    "and": lambda x, y: bool(x and y), "or": lambda x, y: bool(x or y),
-}
+    r.name: r.scalar for r in ops.ROWS
+    if r.node is Binary and r.scalar is not None and r.name != "/"}
 
 
 def fold_int(op: str, x: ir.Value, y: ir.Value, rtype: ir.Type) -> ir.Value | None:

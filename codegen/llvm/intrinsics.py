@@ -1,11 +1,12 @@
 """Math intrinsics in LLVM IR that work on scalars and vectors alike.
 
-f32 `exp`, `log`, `tanh`, `erf` (and `sigmoid`, `pow` through them where exact) are inline
-polynomial or rational approximations (Cephes `expf`/`logf`; the rational `tanh`/`erf` of
-Eigen/XLA), a few ulp from libm, so a vectorized loop stays vectorized: LLVM would otherwise
-scalarise `llvm.exp.v8f32` into eight `expf` calls. f64 uses libm through LLVM intrinsics
-(accurate to 1e-15 as the f64 tests need), lane by lane in vector code. `philox` is
-Philox-4x32-10 on 32-bit lanes computed in 64-bit integers (nfc/philox.py is the reference).
+f32 `exp`, `log`, `tanh`, `erf` (and `sigmoid`, `softplus`, `log1p`, `expm1`, `pow` through
+them) are inline polynomial or rational approximations (Cephes `expf`/`logf`; the rational
+`tanh`/`erf` of Eigen/XLA), a few ulp from libm, so a vectorized loop stays vectorized: LLVM
+would otherwise scalarise `llvm.exp.v8f32` into eight `expf` calls. f64 uses libm through LLVM
+intrinsics (accurate to 1e-15 as the f64 tests need), lane by lane in vector code, as does
+`atan2` in both precisions. `philox` is Philox-4x32-10 on 32-bit lanes computed in 64-bit
+integers (nfc/philox.py is the reference).
 """
 
 from __future__ import annotations
@@ -226,6 +227,59 @@ def sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 def rsqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """1 / sqrt(x), correctly rounded division (not the 12-bit rsqrtps estimate)."""
     return b.fdiv(const(x.type, 1.0), sqrt(b, x))
+
+
+def log1p_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + x) in f32 with the inline `log`: log(u) * x / (u - 1) for u = 1 + x (Goldberg,
+    "What every computer scientist should know about floating-point arithmetic", thm. 4:
+    u - 1 is exact, so the quotient corrects the rounding of 1 + x)."""
+    t = x.type
+    one = const(t, 1.0)
+    u = b.fadd(one, x)
+    r = b.fmul(log_f32(b, u), b.fdiv(x, b.fsub(u, one)))
+    r = b.select(b.fcmp_ordered("==", u, one), x, r)  # |x| below half an ulp of 1
+    return b.select(b.fcmp_ordered("==", u, const(t, math.inf)), u, r)
+
+
+def expm1_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e**x - 1 in f32 with the inline `exp` and `log`: (u - 1) * x / log(u) for u = e**x
+    (Kahan's trick: the quotient x / log(u) corrects the rounding of u)."""
+    t = x.type
+    one = const(t, 1.0)
+    u = exp_f32(b, x)
+    um1 = b.fsub(u, one)
+    r = b.fmul(um1, b.fdiv(x, log_f32(b, u)))
+    r = b.select(b.fcmp_ordered("==", u, one), x, r)  # |x| below half an ulp of 1
+    r = b.select(b.fcmp_ordered("==", um1, const(t, -1.0)), um1, r)  # e**x below an ulp of 1
+    return b.select(b.fcmp_ordered("==", u, const(t, math.inf)), u, r)
+
+
+def log1p(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + x), accurate for small x."""
+    return log1p_f32(b, x) if elem(x.type) == F32 else libm_lanes(b, "log1p", [x])
+
+
+def expm1(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e**x - 1, accurate for small x."""
+    return expm1_f32(b, x) if elem(x.type) == F32 else libm_lanes(b, "expm1", [x])
+
+
+def softplus(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + e**x) as max(x, 0) + log1p(e**-|x|): no overflow, and e**x for very negative
+    x to the last bits (NaN propagates through the second term)."""
+    t = x.type
+    tail = log1p(b, exp(b, b.fneg(intrinsic(b, "fabs", [x]))))
+    return b.fadd(_fmax(b, x, const(t, 0.0)), tail)
+
+
+def atan2(b: ir.IRBuilder, y: ir.Value, x: ir.Value) -> ir.Value:
+    """The angle of (x, y) in [-pi, pi]: libm's `atan2f`/`atan2`, lane by lane."""
+    return libm_lanes(b, "atan2", [y, x])
+
+
+def isfinite(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """i1: |x| is ordered and not infinite (one compare, scalar or vector)."""
+    return b.fcmp_ordered("!=", intrinsic(b, "fabs", [x]), const(x.type, math.inf))
 
 
 def pow_(b: ir.IRBuilder, x: ir.Value, y: ir.Value, y_const: float | None) -> ir.Value:

@@ -1,19 +1,25 @@
 """Typing rules of scalar expressions, building IR expressions (nfc.ir) as they check.
 
 A value is an `SV`: an IR expression with a scalar type `STy`. Literals, index variables and
-compile-time values are *weak*: they take the type of their context (`x[i] * 2` is f32). Two
-strong operands must have the same dtype; a float literal never becomes an integer. Operations
-on weak constants fold at compile time with Python semantics (`//` and `%` floor).
+compile-time values are *weak*: they take the type of their context (`x[i] * 2` is f32). The
+rules are those of the operator table's lattice (`nfc.ops`: two strong operands must have the
+same dtype, a float literal never becomes an integer, weak integer and float make a float), plus
+the surface language's own: booleans are not numbers, an index expression becomes a float only
+through a cast, and a weak boolean is a compile-time constant. Operations on weak constants
+fold at compile time with Python semantics (each row's `scalar`; `//` and `%` floor).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nfc import ops
 from nfc.diagnostics import error
 from nfc.frontend.limits import MAX_CT_INT
 from nfc.ir import Binary, Call, Cast, Const, DType, Expr, Index, Load, Loc, Select, Unary
+from nfc.ops.lattice import FLOAT, FLOAT_OR_WEAK, REAL
 
 
 @dataclass(frozen=True)
@@ -28,17 +34,31 @@ class STy:
             return str(self.dtype)
         return {"int": "integer", "float": "float", "bool": "boolean"}[self.kind]
 
+    @property
+    def lattice(self) -> ops.Kind:
+        """This type on the operator table's lattice (a weak boolean is an i1 literal)."""
+        if self.kind == "bool":
+            return DType.I1
+        if self.dtype is not None:
+            return self.dtype
+        return ops.WEAK_FLOAT if self.kind == "float" else ops.WEAK_INT
 
-WEAK_INT = STy("int")
-WEAK_FLOAT = STy("float")
-BOOL = STy("bool", DType.I1)
+    @staticmethod
+    def of(k: ops.Kind) -> STy:
+        """The scalar type of a lattice element (i1 is a strong boolean)."""
+        if isinstance(k, DType):
+            return STy("bool" if k is DType.I1 else "float" if k.is_float else "int", k)
+        return STy(k.value)
+
+
+WEAK_INT = STy.of(ops.WEAK_INT)
+WEAK_FLOAT = STy.of(ops.WEAK_FLOAT)
+BOOL = STy.of(DType.I1)
 
 
 def sty(dtype: DType) -> STy:
     """The strong scalar type of a dtype."""
-    if dtype is DType.I1:
-        return BOOL
-    return STy("float" if dtype.is_float else "int", dtype)
+    return STy.of(dtype)
 
 
 def default_dtype(t: STy) -> DType:
@@ -109,37 +129,37 @@ def coerce(v: SV, target: STy, loc: Loc) -> SV:
 
 
 def unify(a: SV, b: SV, loc: Loc) -> tuple[SV, SV]:
-    """Bring two operands to one type."""
-    if a.ty.dtype is not None and b.ty.dtype is not None:
-        if a.ty.dtype != b.ty.dtype:
+    """Bring two operands to one type: their join on the lattice, under the surface rules of
+    `coerce`."""
+    if a.ty.dtype is None and b.ty.dtype is None:
+        if a.ty.kind == b.ty.kind:
+            return a, b
+        if "bool" in (a.ty.kind, b.ty.kind):
+            raise error(f"type mismatch: {a.ty} and {b.ty}", loc)
+    k = ops.join("", a.ty.lattice, b.ty.lattice)
+    if k is None:
+        if a.ty.dtype is not None and b.ty.dtype is not None:
             raise error(f"type mismatch: {a.ty} and {b.ty}; convert one with a cast such as "
                         f"{a.ty.dtype}(...)", loc)
-        return a, b
-    if a.ty.dtype is not None:
-        return a, coerce(b, a.ty, loc)
-    if b.ty.dtype is not None:
-        return coerce(a, b.ty, loc), b
-    if a.ty.kind == b.ty.kind:
-        return a, b
-    if "bool" in (a.ty.kind, b.ty.kind):
-        raise error(f"type mismatch: {a.ty} and {b.ty}", loc)
-    return coerce(a, WEAK_FLOAT, loc), coerce(b, WEAK_FLOAT, loc)
+        strong, weak = (a, b) if a.ty.dtype is not None else (b, a)
+        coerce(weak, strong.ty, loc)  # raises the diagnostic of this pair
+        raise AssertionError(f"{weak.ty} joins {strong.ty} but does not coerce to it")
+    target = STy.of(k)
+    return coerce(a, target, loc), coerce(b, target, loc)
 
 
-def _fold_arith(op: str, x: float | int, y: float | int, loc: Loc) -> SV:
+def _check(row: ops.Op, node: Expr, args: list[SV], loc: Loc) -> STy:
+    """The type of `node`, an application of `row` to `args`, by the table's typing rule."""
+    def report(msg: str) -> None:
+        raise error(msg, loc)
+
+    return STy.of(ops.check(row, node, [a.ty.lattice for a in args], report)[1])  # type: ignore[arg-type]
+
+
+def _fold(row: ops.Op, values: list[int | float | bool], loc: Loc) -> SV:
+    """A row on compile-time constants, with Python semantics."""
     try:
-        if op == "+":
-            r = x + y
-        elif op == "-":
-            r = x - y
-        elif op == "*":
-            r = x * y
-        elif op == "/":
-            r = x / y
-        elif op == "//":
-            r = x // y
-        else:
-            r = x % y
+        r = row.scalar_fn()(*values)
     except ZeroDivisionError:
         raise error("division by zero in a compile-time expression", loc) from None
     except OverflowError:
@@ -154,21 +174,25 @@ def binop(op: str, a: SV, b: SV, loc: Loc) -> SV:
     for v in (a, b):
         if v.ty.kind == "bool":
             raise error(f"operator '{op}' needs numbers, found a boolean", loc)
+    row = ops.get(op)
+    assert row is not None
     x, y = a.const, b.const
     if x is not None and y is not None:
-        return _fold_arith(op, x, y, loc)  # type: ignore[arg-type]
+        return _fold(row, [x, y], loc)
     a, b = unify(a, b, loc)
-    if op == "/" and a.ty.kind == "int":
-        raise error("'/' divides floats; use '//' for integer (floor) division", loc)
-    return SV(Binary(op, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
+    if row.operands == REAL and a.ty.kind == "int":
+        raise error(f"'{op}' divides floats; use '//' for integer (floor) division", loc)
+    node = Binary(op, a.expr, b.expr)
+    return SV(node, _check(row, node, [a, b], loc))
 
 
 def compare(op: str, a: SV, b: SV, loc: Loc) -> SV:
     """A comparison; the result is a boolean."""
     x, y = a.const, b.const
     if x is not None and y is not None:
-        ops = {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y, "==": x == y, "!=": x != y}
-        return const(bool(ops[op]))
+        row = ops.get(op)
+        assert row is not None
+        return const(bool(row.scalar_fn()(x, y)))
     a, b = unify(a, b, loc)
     if a.ty.kind == "bool" and op not in ("==", "!="):
         raise error(f"operator '{op}' needs numbers, found booleans", loc)
@@ -218,54 +242,40 @@ def select(c: SV, a: SV, b: SV, loc: Loc) -> SV:
     return SV(Select(c.expr, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
 
 
-FLOAT_FUNCS = {"exp": math.exp, "log": math.log, "sqrt": math.sqrt,
-               "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh,
-               "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "erf": math.erf}
-INTRINSIC_ARITY = {**{f: 1 for f in FLOAT_FUNCS}, "abs": 1, "max": 2, "min": 2, "pow": 2}
+#: Intrinsics `.nf` source may call, name -> number of arguments: the operator table's rows
+#: with `surface` (plugins' included, loaded on lookup).
+INTRINSIC_ARITY: Mapping[str, int] = ops.Intrinsics(surface=True)
 
 
 def intrinsic(fn: str, args: list[SV], loc: Loc) -> SV:
-    """An intrinsic call; the caller has checked the arity."""
+    """An intrinsic call; the caller has checked the arity. The row's operand class decides:
+    float operands take literals as floats and refuse index expressions without a cast."""
+    row = ops.get(fn)
+    assert row is not None, fn
     for v in args:
         if v.ty.kind == "bool":
             raise error(f"'{fn}' needs numbers, found a boolean", loc)
-    if fn in FLOAT_FUNCS:
-        (a,) = args
-        if a.ty.kind == "int":
-            if a.const is None:
-                raise error(f"'{fn}' needs a float, found {a.ty}; cast it with f32(...)", loc)
-            a = coerce(a, WEAK_FLOAT, loc)
-        if a.const is not None:
-            try:
-                return _ct(FLOAT_FUNCS[fn](a.const), loc)  # type: ignore[arg-type]
-            except (ValueError, OverflowError, ZeroDivisionError):
-                raise error(f"'{fn}' is undefined for {a.const}", loc) from None
-        return SV(Call(fn, (a.expr,)), a.ty)
-    if fn == "abs":
-        (a,) = args
-        if a.const is not None:
-            return _ct(abs(a.const), loc)
-        return SV(Call(fn, (a.expr,)), a.ty)
-    a, b = args
-    if fn == "pow":
-        a, b = unify(coerce_float(a, loc), coerce_float(b, loc), loc)
-        if a.const is not None and b.const is not None:
-            try:
-                return _ct(math.pow(a.const, b.const), loc)  # type: ignore[arg-type]
-            except (ValueError, OverflowError):
-                raise error(f"'pow' is undefined for {a.const}, {b.const}", loc) from None
-        return SV(Call(fn, (a.expr, b.expr)), a.ty if a.ty.dtype else b.ty)
-    x, y = a.const, b.const
-    if x is not None and y is not None:
-        return _ct(max(x, y) if fn == "max" else min(x, y), loc)
-    a, b = unify(a, b, loc)
-    return SV(Call(fn, (a.expr, b.expr)), a.ty if a.ty.dtype else b.ty)
+    if row.operands in (FLOAT, FLOAT_OR_WEAK, REAL):
+        args = [_float_operand(fn, a, loc) for a in args]
+    values = [a.const for a in args]
+    if all(v is not None for v in values):
+        try:
+            return _ct(row.scalar_fn()(*values), loc)
+        except (ValueError, OverflowError, ZeroDivisionError):
+            raise error(f"'{fn}' is undefined for {', '.join(map(str, values))}",
+                        loc) from None
+    if len(args) == 2:
+        args = list(unify(args[0], args[1], loc))
+    node = Call(fn, tuple(a.expr for a in args))
+    return SV(node, _check(row, node, args, loc))
 
 
-def coerce_float(a: SV, loc: Loc) -> SV:
-    """A weak integer literal becomes a float; strong integers are refused."""
+def _float_operand(fn: str, a: SV, loc: Loc) -> SV:
+    """A float operand of `fn`: a weak integer literal becomes a float one."""
     if a.ty.kind == "float":
         return a
+    if a.const is None:
+        raise error(f"'{fn}' needs a float, found {a.ty}; cast it with f32(...)", loc)
     return coerce(a, WEAK_FLOAT, loc)
 
 

@@ -3,9 +3,11 @@
 `simplify(e, ranges)` applies tables of (pattern, function) rules bottom-up until nothing
 changes. Every rule is local and exact:
 
-- **Constant folding** of every operator, intrinsic and cast, in the literal's dtype (typed
-  literals compute in numpy with that dtype's wrap-around and rounding; two weak literals give
-  a weak literal; integer `//` and `%` floor; division by an integer zero is left alone).
+- **Constant folding** of every operator, intrinsic and cast, in the literal's dtype, by the
+  rows of the operator table (`nfc.ops.fold`: typed literals compute in numpy with that
+  dtype's wrap-around and rounding; two weak literals give a weak literal; integer `//` and
+  `%` floor; division by an integer zero is left alone). Types are the table's too
+  (`nfc.ops.Typer`).
 - **Identities** `x - 0`, `x * 1`, `x / 1`, `-(-x)`, `x + -y`, `not not x`,
   `select(true, a, b)`, `select(c, a, a)`, `select(not c, a, b)`, `and`/`or` with constants,
   `max(x, x)`, casts to the operand's own type, literals to the right of `+ * == !=`,
@@ -29,6 +31,10 @@ order. `fast=True` allows `x * 0 -> 0`, `x + 0.0 -> x`, `0.0 - x -> -x`, `0 / x 
 non-NaN values whose zeros' sign does not matter. Weak float literals fold in float64, as the
 interpreter computes weak-only sub-expressions.
 
+`simplify_divisions(e, ranges)` applies only the `//` and `%` rules of the index algebra and
+leaves everything else as written: code generation uses it on the loop IR, so the division rule
+exists once.
+
 The rules live in tables, one module per kind: `nfc.simplify.fold` (constant folding),
 `nfc.simplify.rules` (identities and the index algebra), written with the small pattern
 language of `nfc.simplify.pattern` (`B("+", V("x"), K("c", 0))` is `x + 0`).
@@ -40,21 +46,18 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 
 from nfc.affine import interval
-from nfc.ir import COMPARISONS, Binary, Call, Cast, Const, DType, Expr, Index, Load, Select, Unary
+from nfc.ir import Binary, Cast, Const, DType, Expr
+from nfc.ops import WEAK_FLOAT, WEAK_INT, Kind, Typer
 from nfc.simplify.fold import FOLD_RULES, fold_binary, fold_cast, fold_unary
 from nfc.simplify.pattern import Pat, Rule, match, op_of, same, structural_key
-from nfc.simplify.rules import IDENTITY_RULES, INDEX_RULES
+from nfc.simplify.rules import DIVISION_RULES, IDENTITY_RULES, INDEX_RULES
 
-__all__ = ["FOLD_RULES", "IDENTITY_RULES", "INDEX_RULES", "WEAK_FLOAT", "WEAK_INT", "Pat",
-           "Range", "Rule", "fold_binary", "fold_cast", "fold_unary", "match", "same",
-           "simplify", "structural_key"]
+__all__ = ["DIVISION_RULES", "FOLD_RULES", "IDENTITY_RULES", "INDEX_RULES", "WEAK_FLOAT",
+           "WEAK_INT", "Pat", "Range", "Rule", "fold_binary", "fold_cast", "fold_unary", "match",
+           "same", "simplify", "simplify_divisions", "structural_key"]
 
 #: An inclusive integer range of an index variable.
 Range = tuple[int, int]
-
-#: Element types beyond DType, as in nfc.verifier: weak integers (literals and index variables;
-#: weak-only integer arithmetic is int64) and weak float literals take their context's type.
-WEAK_INT, WEAK_FLOAT = "int", "float"
 
 
 def simplify(e: Expr, ranges: Mapping[str, Range] | None = None, *, fast: bool = False) -> Expr:
@@ -67,6 +70,21 @@ def simplify(e: Expr, ranges: Mapping[str, Range] | None = None, *, fast: bool =
     return _Simplifier(dict(ranges or {}), fast).run(e)
 
 
+def simplify_divisions(e: Expr, ranges: Mapping[str, Range] | None = None) -> Expr:
+    """`e` with only the division rules of the index algebra applied: in `a // c` and `a % c`
+    of an index expression by a positive literal, the multiples of `c` leave the division
+    (`(2*(8*q + l) + p + 1) // 2` is `8 * q + l + (p + 1) // 2`) and a remainder that `ranges`
+    keep within one period of `c` is decided (`(8*j.0 + j.1) // 8` is `j.0` for j.1 in 0..7).
+    Everything else keeps its shape, and so does a division from which nothing leaves.
+
+    Code generation calls this on the loop IR once split loop variables replace the axes:
+    the block structure of splits and packs resolves, while the emitter folds the affine
+    arithmetic itself."""
+    if not any(isinstance(n, Binary) and n.op in ("//", "%") for n in e.walk()):
+        return e  # the common case (no division) without the simplifier's type inference
+    return _Simplifier(dict(ranges or {}), False, _DIVISION_TABLE, divisions_only=True).run(e)
+
+
 # ---------------------------------------------------------------------------------------------
 # the driver
 
@@ -74,30 +92,24 @@ def simplify(e: Expr, ranges: Mapping[str, Range] | None = None, *, fast: bool =
 _TABLE: dict[tuple[type[Expr], str | None], list[Rule]] = {}
 for _rule in FOLD_RULES + INDEX_RULES + IDENTITY_RULES:
     _TABLE.setdefault((_rule[0].cls, _rule[0].op), []).append(_rule)  # type: ignore[arg-type]
+_DIVISION_TABLE: dict[tuple[type[Expr], str | None], list[Rule]] = {}
+for _rule in DIVISION_RULES:
+    _DIVISION_TABLE.setdefault((_rule[0].cls, _rule[0].op), []).append(_rule)  # type: ignore[arg-type]
 
 #: Rewrites of one node before simplify gives up with an internal error (a rule cycle).
 _MAX_STEPS = 10_000
 
-_TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
-
-
-def _join(a: DType | str | None, b: DType | str | None) -> DType | str | None:
-    if a is None or b is None:
-        return None
-    if isinstance(a, DType) or isinstance(b, DType):
-        if isinstance(a, DType) and isinstance(b, DType):
-            return a if a == b else None
-        strong, weak = (a, b) if isinstance(a, DType) else (b, a)
-        return None if weak == WEAK_FLOAT and strong.is_int else strong  # type: ignore[union-attr]
-    return WEAK_FLOAT if WEAK_FLOAT in (a, b) else WEAK_INT
-
-
 class _Simplifier:
-    def __init__(self, ranges: dict[str, Range], fast: bool) -> None:
+    def __init__(self, ranges: dict[str, Range], fast: bool,
+                 table: dict[tuple[type[Expr], str | None], list[Rule]] = _TABLE, *,
+                 divisions_only: bool = False) -> None:
         self.ranges = ranges
         self.fast = fast
+        self.table = table
+        self.divisions_only = divisions_only
+        """Leave a division alone unless something leaves it or it is decided."""
         self.done: set[int] = set()
-        self.types: dict[int, DType | str | None] = {}
+        self.typer = Typer()  # the operator table's typing, memoised per node
         self.keep: list[Expr] = []  # keeps memoised nodes alive so their ids stay unique
 
     def run(self, e: Expr) -> Expr:
@@ -120,7 +132,7 @@ class _Simplifier:
             e = out
         raise AssertionError(f"simplify: rules cycle on {e!r}")
 
-    def retype(self, new: Expr, want: DType | str | None) -> Expr | None:
+    def retype(self, new: Expr, want: Kind | None) -> Expr | None:
         """`new`, converted to type `want` if a rewrite made a typed expression weak, or a weak
         float a weak integer; None when that cannot be done. `1.0 / select(false, %x[i], 0)`
         must stay a float division (`0` alone would make it an integer one, an error), and a
@@ -136,7 +148,7 @@ class _Simplifier:
 
     def rewrite(self, e: Expr) -> Expr | None:
         op = op_of(e)
-        for rules in (_TABLE.get((type(e), op), ()), _TABLE.get((type(e), None), ())):
+        for rules in (self.table.get((type(e), op), ()), self.table.get((type(e), None), ())):
             for pat, fn in rules:
                 env: dict[str, Expr] = {}
                 if not match(pat, e, env):
@@ -159,38 +171,6 @@ class _Simplifier:
         t = self.type(e)
         return t == WEAK_INT or (isinstance(t, DType) and t.is_int and t != DType.I1)
 
-    def type(self, e: Expr) -> DType | str | None:
-        t = self.types.get(id(e), False)
-        if t is False:
-            t = self._type(e)
-            self.types[id(e)] = t
-            self.keep.append(e)
-        return t  # type: ignore[return-value]
-
-    def _type(self, e: Expr) -> DType | str | None:
-        if isinstance(e, Const):
-            if isinstance(e.value, bool):
-                return DType.I1
-            return e.dtype or (WEAK_FLOAT if e.is_float else WEAK_INT)
-        if isinstance(e, Index):
-            return WEAK_INT
-        if isinstance(e, Load):
-            return e.tensor.dtype
-        if isinstance(e, Cast):
-            return e.dtype
-        if isinstance(e, Unary):
-            return DType.I1 if e.op == "not" else self.type(e.x)
-        if isinstance(e, Binary):
-            if e.op in COMPARISONS or e.op in ("and", "or"):
-                return DType.I1
-            return _join(self.type(e.a), self.type(e.b))
-        if isinstance(e, Select):
-            return _join(self.type(e.a), self.type(e.b))
-        if isinstance(e, Call):
-            if e.fn == "philox":
-                return WEAK_FLOAT
-            t = self.type(e.args[0])
-            for a in e.args[1:]:
-                t = _join(t, self.type(a))
-            return WEAK_FLOAT if t == WEAK_INT and e.fn in _TRANSCENDENTAL else t
-        return None
+    def type(self, e: Expr) -> Kind | None:
+        """The kind of `e` by the operator table (nfc.ops); None where it is ill-typed."""
+        return self.typer.kind(e)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nfc.ir import Binary, Call, Cast, Const, Expr, Index, Load, Select, Unary
+from nfc.ops import ROWS
 
-#: Operators whose patterns also match with the two arguments swapped.
-COMMUTATIVE = frozenset({"+", "*", "==", "!=", "and", "or", "max", "min"})
+#: Operators whose patterns also match with the two arguments swapped (the operator table's
+#: `commutes`).
+COMMUTATIVE = frozenset(r.name for r in ROWS if r.commutes is not None)
 #: Operators whose arguments can be swapped without changing even a float result's bits
 #: (IEEE `+` and `*` commute; `max(0.0, -0.0)` and `max(-0.0, 0.0)` may differ in sign).
-EXACTLY_COMMUTATIVE = frozenset({"+", "*", "==", "!=", "and", "or"})
+EXACTLY_COMMUTATIVE = frozenset(r.name for r in ROWS if r.commutes == "bits")
 
 
 def same(a: Expr, b: Expr) -> bool:

@@ -251,19 +251,34 @@ def _divisor(m: Any) -> int | None:
     return c if c is not None and c > 0 and m.cx.is_index(m.e) else None
 
 
-def _floordiv(m: Any) -> Expr | None:
-    if _weak_int(m.e.b) == 1 and m.cx.is_int(m.e):
-        return m.e.a
+def _division(m: Any) -> tuple[int, Linear, Linear, Expr, int | None] | None:
+    """The parts of `a // c` or `a % c` for an index expression `a` and a positive literal
+    `c`: (c, the multiples of c in `a` divided by c, the rest with its constant in [0, c), the
+    rest as an expression, `rest // c` when the ranges decide it, else None). This is the one
+    place of `(c*q + r) // c = q + r // c` and `(c*q + r) % c = r % c`; None when the rule
+    does not apply, or (with `divisions_only`) when nothing leaves the division and nothing
+    is decided, so the division keeps the shape it was written in."""
     c = _divisor(m)
     if c is None:
         return None
-    (q, k), rest = _split(_linear(m.e.a), c)
+    quot, rest = _split(_linear(m.e.a), c)
     rest_e = _from_linear(rest)
-    lo_hi = m.cx.interval(rest_e)
-    if not rest[0]:
-        k += rest[1] // c
-    elif lo_hi is not None and lo_hi[0] // c == lo_hi[1] // c:
-        k += lo_hi[0] // c  # the rest stays within one period of c
+    lo_hi = m.cx.interval(rest_e) if rest[0] else (rest[1], rest[1])
+    decided = lo_hi[0] // c if lo_hi is not None and lo_hi[0] // c == lo_hi[1] // c else None
+    if decided is None and not quot[0] and m.cx.divisions_only:
+        return None
+    return c, quot, rest, rest_e, decided
+
+
+def _floordiv(m: Any) -> Expr | None:
+    if _weak_int(m.e.b) == 1 and m.cx.is_int(m.e):
+        return m.e.a
+    parts = _division(m)
+    if parts is None:
+        return None
+    c, (q, k), _, rest_e, decided = parts
+    if decided is not None:
+        k += decided  # the rest stays within one period of c
     else:
         q[structural_key(Binary("//", rest_e, Const(c)))] = [Binary("//", rest_e, Const(c)), 1]
     return _from_linear((q, k))
@@ -272,16 +287,12 @@ def _floordiv(m: Any) -> Expr | None:
 def _mod(m: Any) -> Expr | None:
     if _weak_int(m.e.b) == 1 and m.cx.is_int(m.e):
         return Const(0)
-    c = _divisor(m)
-    if c is None:
+    parts = _division(m)
+    if parts is None:
         return None
-    _, rest = _split(_linear(m.e.a), c)
-    rest_e = _from_linear(rest)
-    lo_hi = m.cx.interval(rest_e)
-    if not rest[0]:
-        return Const(rest[1])
-    if lo_hi is not None and lo_hi[0] // c == lo_hi[1] // c:
-        return _from_linear((rest[0], rest[1] - lo_hi[0] // c * c))
+    c, _, rest, rest_e, decided = parts
+    if decided is not None:
+        return _from_linear((rest[0], rest[1] - decided * c))
     return Binary("%", rest_e, Const(c))
 
 
@@ -328,14 +339,19 @@ def _decide_minmax(m: Any) -> Expr | None:
     return None
 
 
+#: `//` and `%` of index expressions by positive literals (`nfc.simplify.simplify_divisions`).
+DIVISION_RULES: list[Rule] = [
+    (B("//", V("a"), K()), _floordiv),
+    (B("%", V("a"), K()), _mod),
+]
+
 INDEX_RULES: list[Rule] = [
     (B("+", V("a"), V("b")), _normalise),
     (B("-", V("a"), V("b")), _normalise),
     (B("*", V("a"), V("b")), _normalise),
     (U("neg", V("x")), _normalise),
     (B("//", B("//", V("x"), K()), K()), _nested_div),
-    (B("//", V("a"), K()), _floordiv),
-    (B("%", V("a"), K()), _mod),
+    *DIVISION_RULES,
     (B(None, V("a"), V("b")), _decide_compare),
     (F("max", V("a"), V("b")), _decide_minmax),
     (F("min", V("a"), V("b")), _decide_minmax),

@@ -10,7 +10,9 @@ product of the other factors for `prod`. `indexsolve.invert_access` turns the co
 `f(x, r) = z` into new reduction axes, substitutions and guards, so the result is again a
 compute over `A`'s index space: no scatter, no atomics.
 
-Symbolic derivative rules (`derivative`) treat each distinct load as a variable: repeated
+Symbolic derivative rules (`derivative`) are the `grad` column of the operator table
+(`nfc.ops`): each row's rule gets the node, its operands' derivatives and the zero-aware
+builders of `simp` (`_GradCtx`). Loads are the variables: each distinct load is one, repeated
 identical loads add up, loads of the same tensor at different indices are separate
 contributions. Ties: `max(a, b)` routes the gradient to `b` when `a == b` (so `max(x, 0.0)`
 has gradient 0 at 0, like PyTorch's relu), `min(a, b)` likewise to `b`; `max`/`min`
@@ -24,11 +26,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nfc import ops
 from nfc.ir import (
-    COMPARISONS,
     Axis,
     Binary,
-    Call,
     Cast,
     ComputeOp,
     Const,
@@ -39,14 +40,11 @@ from nfc.ir import (
     Loc,
     Select,
     TensorType,
-    Unary,
     Value,
     substitute_indices,
 )
 from nfc.passes.autodiff import simp
 from nfc.passes.autodiff.indexsolve import invert_access
-
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
 @dataclass(frozen=True)
@@ -102,94 +100,41 @@ class _Deriv:
             self.memo[key] = self._d(e) if self.depends(e) else None
         return self.memo[key]
 
-    def _d(self, e: Expr) -> Expr | None:  # noqa: C901 - one rule per node kind
+    def _d(self, e: Expr) -> Expr | None:
         if isinstance(e, Load):
             return Const(1.0) if e == self.target else None
-        if isinstance(e, Unary):
-            return simp.neg(self(e.x)) if e.op == "neg" else None
-        if isinstance(e, Cast):
-            dx = self(e.x)
-            if not e.dtype.is_float or dx is None:
-                return None
-            return Cast(e.dtype, dx)
-        if isinstance(e, Select):
-            return simp.select(e.cond, self(e.a), self(e.b))
-        if isinstance(e, Binary):
-            return self._binary(e)
-        if isinstance(e, Call):
-            return self._call(e)
-        return None
+        row = ops.find(e)
+        if row is None:
+            return None
+        ctx = _GradCtx(e, e.children(), self)
+        if row.grad is None:  # an intrinsic without a derivative rule (a plugin's)
+            if any(ctx.d(i) is not None for i in range(len(ctx.args))):
+                self.problems.append(f"intrinsic '{row.name}' has no derivative")
+            return None
+        return row.grad(ctx)
 
-    def _binary(self, e: Binary) -> Expr | None:
-        if e.op in COMPARISONS or e.op in ("and", "or"):
-            return None
-        da, db = self(e.a), self(e.b)
-        a, b = e.a, e.b
-        if e.op == "+":
-            return simp.add(da, db)
-        if e.op == "-":
-            return simp.sub(da, db)
-        if e.op == "*":
-            return simp.add(simp.mul(da, b), simp.mul(a, db))
-        if e.op == "/":
-            t = simp.div(da, b)
-            if db is not None:
-                t = simp.sub(t, simp.div(simp.mul(db, Binary("/", a, b)), b))
-            return t
-        if e.op == "%" and db is None:
-            return da
-        self.problems.append(f"'{e.op}' of floating-point values has no useful gradient "
-                             "(it is piecewise constant in its operands)")
-        return None
 
-    def _call(self, e: Call) -> Expr | None:
-        args = e.args
-        if e.fn in ("max", "min"):
-            a, b = args
-            cond = Binary(">" if e.fn == "max" else "<", a, b)
-            return simp.select(cond, self(a), self(b))
-        if e.fn == "pow":
-            a, b = args
-            da, db = self(a), self(b)
-            out = None
-            if da is not None:
-                if isinstance(b, Const) and not isinstance(b.value, bool):
-                    k = float(b.value)
-                    if k == 2.0:
-                        f: Expr = Binary("*", Const(2.0), a)
-                    elif k == 1.0:
-                        f = Const(1.0)
-                    else:
-                        f = Binary("*", Const(k), Call("pow", (a, Const(k - 1.0))))
-                else:
-                    f = Binary("*", b, Call("pow", (a, Binary("-", b, Const(1.0)))))
-                out = simp.mul(da, f)
-            if db is not None:
-                out = simp.add(out, simp.mul(db, Binary("*", e, Call("log", (a,)))))
-            return out
-        if e.fn == "philox":
-            return None
-        (u,) = args
-        du = self(u)
-        if du is None:
-            return None
-        rules: dict[str, Callable[[], Expr]] = {
-            "exp": lambda: e,
-            "log": lambda: Binary("/", Const(1.0), u),
-            "sqrt": lambda: Binary("/", Const(0.5), e),
-            "rsqrt": lambda: Binary("/", Binary("*", Const(-0.5), e), u),
-            "tanh": lambda: Binary("-", Const(1.0), Binary("*", e, e)),
-            "sigmoid": lambda: Binary("*", e, Binary("-", Const(1.0), e)),
-            "erf": lambda: Binary("*", Const(_TWO_OVER_SQRT_PI),
-                                  Call("exp", (Unary("neg", Binary("*", u, u)),))),
-        }
-        if e.fn == "abs":
-            return Select(Binary(">", u, Const(0.0)), du,
-                          Select(Binary("<", u, Const(0.0)), Unary("neg", du), Const(0.0)))
-        if e.fn in rules:
-            return simp.mul(du, rules[e.fn]())
-        self.problems.append(f"intrinsic '{e.fn}' has no derivative")
-        return None
+@dataclass
+class _GradCtx:
+    """What a row's derivative rule sees (nfc.ops.Grad): the node, its operands, their
+    derivatives and the builders of `simp`, which take None as zero."""
+
+    e: Expr
+    args: tuple[Expr, ...]
+    deriv: _Deriv
+
+    def d(self, i: int) -> Expr | None:
+        return self.deriv(self.args[i])
+
+    def problem(self, message: str) -> None:
+        self.deriv.problems.append(message)
+
+    add = staticmethod(simp.add)
+    sub = staticmethod(simp.sub)
+    mul = staticmethod(simp.mul)
+    div = staticmethod(simp.div)
+    neg = staticmethod(simp.neg)
+    select = staticmethod(simp.select)
 
 
 def guard_unproven_loads(op: ComputeOp, rounds: int = 3) -> None:
