@@ -10,17 +10,30 @@ Every loop has a kind: serial, parallel (CPU threads), vectorized (one SIMD vect
 is the width), unrolled, or a GPU binding (block/thread axes) that the CUDA backend will use;
 buffers have a scope: global (parameters and the kernel's workspace), local (private scratch),
 register (accumulators kept in registers), and the GPU scopes shared and fragment. The printer
-gives a stable text for golden tests (`nfc compile --emit=loops`).
+gives a stable text for golden tests (`nfc compile --emit=loops`); `map_exprs`, `map_stmt` and
+`strip_clamps` rewrite the expressions of a statement tree.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from nfc.ir import Binary, Call, Cast, Const, DType, Expr, Index, Select, Unary
+from nfc.ir import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    DType,
+    Expr,
+    Index,
+    Select,
+    Unary,
+    substitute_indices,
+)
 from nfc.printer import format_const
 
 
@@ -255,6 +268,51 @@ def _round_up(x: int, m: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# rewriting
+
+
+def map_exprs(s: Stmt, ex: Callable[[Expr], Expr]) -> Stmt:
+    """`s` with `ex` applied to every expression and loop extent."""
+    if isinstance(s, Seq):
+        return Seq(tuple(map_exprs(c, ex) for c in s.body))
+    if isinstance(s, For):
+        return For(s.var, ex(s.extent), s.kind, map_exprs(s.body, ex))
+    if isinstance(s, Store):
+        return Store(s.buffer, tuple(ex(i) for i in s.indices), ex(s.value), s.reduce)
+    if isinstance(s, If):
+        return If(ex(s.cond), map_exprs(s.then, ex),
+                  None if s.orelse is None else map_exprs(s.orelse, ex))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, map_exprs(s.body, ex))
+    return s
+
+
+def map_stmt(s: Stmt, mapping: dict[str, Expr]) -> Stmt:
+    """`s` with index variables replaced (in every expression and loop extent)."""
+    return map_exprs(s, lambda e: substitute_indices(e, mapping))
+
+
+def strip_clamps(s: Stmt) -> Stmt:
+    """`s` with every `Clamp(x, hi)` replaced by `x` (where no index can overshoot)."""
+    def ex(e: Expr) -> Expr:
+        return e.map(lambda x: ex(x.x) if isinstance(x, Clamp) else None)
+    return map_exprs(s, ex)
+
+
+def unique_name(hint: str | None, used: set[str], default: str) -> str:
+    """A name for a buffer or loop from `hint` (made an identifier; `default` when empty) that
+    is not in `used`, which it joins (`acc`, `acc_1`, ...)."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", hint or "") or default
+    if base[0].isdigit():
+        base = f"{default}{base}"
+    name, n = base, 1
+    while name in used:
+        name, n = f"{base}_{n}", n + 1
+    used.add(name)
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
 # printing
 
 _PREC = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "==": 4, "!=": 4,
@@ -312,6 +370,8 @@ def _stmt_lines(s: Stmt, indent: str) -> list[str]:
                 *_stmt_lines(s.body, indent + "  "), indent + "}"]
     if isinstance(s, Barrier):
         return [f"{indent}barrier {s.scope}"]
+    if hasattr(s, "text"):  # a backend's own leaf statement (nfc.codegen.cuda.gpuir)
+        return [indent + s.text()]
     raise TypeError(f"unknown loop-IR statement {s!r}")
 
 

@@ -7,7 +7,14 @@
     nfc compile model.nf --emit=llvm -o model.ll     # LLVM IR after O3
     nfc compile model.nf -o model.so --profile       # kernel timing for `nfc train --profile`
     nfc compile model.so --emit=header -o model.h    # the C header of a built library
+    nfc compile model.nf --target cuda --emit=cuda   # CUDA C of every kernel (docs/cuda.md)
+    nfc compile model.nf --print-pipeline            # the pipeline run after the frontend
+    nfc compile model.nf -p 'im2col,training-functions,inline,cse' --print-ir-after-all
 
+After the frontend, the module goes through one pass pipeline (docs/runtime.md, "Pipeline"):
+by default `im2col,training-functions,inline,canonicalize,cse,dce,apply-tuning,fuse`, whose
+`--no-im2col`, `--no-tuning`, `--no-fuse` remove a pass (`--emit=ir` leaves out
+`apply-tuning`: that IR does not depend on this machine's tuning cache); `-p` replaces it.
 `--set` takes model parameters (`batch=32`) and optimizer hyperparameters as `opt.<name>`.
 The library exports a C ABI (docs/runtime.md); load it with `nfc.load("model.so")` or link it
 from C (examples/c_driver).
@@ -22,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags, pass_manager_options
 
-EMITS = ("so", "ir", "loops", "llvm", "header")
+EMITS = ("so", "ir", "loops", "llvm", "header", "cuda", "cuda-loops")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,38 +43,28 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-o", "--output", help="output path (default: <model>.so; for --emit "
                    "other than so: standard output)")
     p.add_argument("--emit", choices=EMITS, default="so", help="what to write (default: so)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: --emit=cuda|cuda-loops only, no library yet")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
                    help="a model parameter, or opt.<name> for the optimizer (repeatable)")
-    p.add_argument("-p", "--pipeline", default=None,
-                   help="passes run before codegen (default: inline,canonicalize,cse,dce)")
     p.add_argument("--function", dest="functions", action="append", default=[],
                    metavar="NAME", help="compile only this function (repeatable)")
     p.add_argument("--profile", action="store_true",
                    help="time every kernel call (for nfc train --profile)")
-    p.add_argument("--no-tuning", action="store_true",
-                   help="ignore tuned schedules of the tuning cache (nfc tune)")
-    p.add_argument("--no-fuse", action="store_true",
-                   help="one kernel per compute: skip the fuse pass (run after -p and the "
-                        "tuned schedules)")
-    p.add_argument("--no-im2col", action="store_true",
-                   help="keep convolutions as loop nests: skip the im2col pass, which gathers "
-                        "their windows into columns before autodiff (less memory)")
+    add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Compile and write the requested output."""
     from nfc.codegen.artifact.container import is_library_path
+    from nfc.passmanager import Timings
     from nfc.runtime.build import (
-        DEFAULT_PIPELINE,
-        FUSE_PIPELINE,
         SettingError,
-        apply_tuning,
-        build_library,
+        build_module,
         check_model_source,
-        model_module,
         parse_settings,
-        run_pipeline,
+        pipeline_for,
     )
     from nfc.runtime.loader import ArtifactError
 
@@ -89,21 +87,47 @@ def run(args: argparse.Namespace) -> int:
         params, opt = parse_settings(args.settings)
     except (SettingError, ArtifactError) as exc:
         raise UsageError(str(exc)) from None
-    module = model_module(src, params, opt, im2col=not args.no_im2col)
-    run_pipeline(module, DEFAULT_PIPELINE if args.pipeline is None else args.pipeline)
+    flags = build_flags(args)
+    # the IR printed by --emit=ir does not depend on this machine's tuning cache
+    flags["tuning"] &= args.emit != "ir"
+    pipeline = pipeline_for(src, args.pipeline, **flags)
+    pm_options = pass_manager_options(args)
+    if args.print_pipeline:
+        print(pipeline)
+        return 0
+    timings = Timings()
+    module, ctx = build_module(src, params, opt, pipeline, timings=timings, **pm_options)
     if args.functions:
         missing = [f for f in args.functions if not module.has_func(f)]
         if missing:
             have = ", ".join(f.name for f in module.funcs)
             raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
     funcs = args.functions or None
-    note = "" if args.no_tuning or args.emit == "ir" else apply_tuning(module)
-    if not args.no_fuse:
-        run_pipeline(module, FUSE_PIPELINE)
+    code = _emit(args, src, module, funcs, ctx.remarks.get("apply-tuning", ""), timings)
+    if args.time_passes:
+        print(timings.report(), file=sys.stderr)
+    return code
+
+
+def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | None, note: str,
+          timings: Any) -> int:
+    """Write what `--emit` asks for, from the module the pipeline made."""
+    import time
+
+    from nfc.runtime.build import build_library
+
+    t0 = time.perf_counter()
     if args.emit == "ir":
         from nfc.printer import print_module
 
         return _write(args.output, print_module(module))
+    if args.target == "cuda" or args.emit in ("cuda", "cuda-loops"):
+        from nfc.codegen.cuda.build import CUDA_EMITS, emit_text
+
+        if args.emit not in CUDA_EMITS:
+            raise UsageError("--target cuda builds no library yet: use --emit=cuda or "
+                             "--emit=cuda-loops")
+        return _write(args.output, emit_text(module, funcs, args.emit))
     if args.emit in ("loops", "llvm", "header"):
         from nfc.codegen.artifact import build_artifact
         from nfc.codegen.artifact.header import c_header
@@ -111,10 +135,12 @@ def run(args: argparse.Namespace) -> int:
         art = build_artifact(module, functions=funcs, profile=args.profile)
         text = {"loops": art.loops_text, "llvm": art.llvm_ir,
                 "header": lambda: c_header(art.metadata)}[args.emit]()
+        timings.add("codegen", time.perf_counter() - t0)
         return _write(args.output, text)
     out = args.output or str(src.with_suffix(".so"))
     _check_writable(out)
     built = build_library(module, out, profile=args.profile, use_cache=False, functions=funcs)
+    timings.add("codegen", time.perf_counter() - t0)
     meta = built.artifact.metadata
     print(f"wrote {out}", file=sys.stderr)
     if note:
