@@ -38,8 +38,8 @@ from nfc.ir import (
     Loc,
     Module,
     Op,
-    ReturnOp,
     Select,
+    TerminatorOp,
     Unary,
     Value,
 )
@@ -109,12 +109,18 @@ def format_loc(loc: Loc) -> str:
 
 
 class Namer:
-    """Gives every value of a function a unique printed name, preferring its hint."""
+    """Gives every value of a function a unique printed name, preferring its hint.
+
+    The k-th value hinted `h` is named `h`, `h_1`, `h_2`, ... (skipping names taken). Each
+    hint remembers the suffix it reached, so naming n values costs O(n) set lookups however
+    many share a hint (a loop of `h = h * 1.0` makes thousands of `h`).
+    """
 
     def __init__(self) -> None:
         self.names: dict[int, str] = {}
         self.used: set[str] = set()
         self.counter = 0
+        self.next_suffix: dict[str, int] = {}
 
     def add(self, v: Value) -> None:
         """Name `v` (once)."""
@@ -124,9 +130,11 @@ class Namer:
         if hint is not None:
             hint = re.sub(r"[^A-Za-z0-9_]", "_", hint) or None
         if hint is not None and hint in self.used:
-            n = 1
+            # names are never released, so every suffix below the one reached is still taken
+            n = self.next_suffix.get(hint, 1)
             while f"{hint}_{n}" in self.used:
                 n += 1
+            self.next_suffix[hint] = n + 1
             hint = f"{hint}_{n}"
         if hint is None:
             while str(self.counter) in self.used:
@@ -262,7 +270,7 @@ class Printer:
             text = (f"{lhs}nf.call @{op.callee}({args}){self._attrs(op)} : ({atypes}) -> "
                     f"({rtypes})")
             return [indent + text + self._tail(op)]
-        if isinstance(op, ReturnOp):  # also YieldOp
+        if isinstance(op, TerminatorOp):
             vals = ", ".join(namer(v) for v in op.values)
             types = ", ".join(str(v.type) for v in op.values)
             text = op.opname + (f" {vals} : {types}" if op.values else "")

@@ -19,12 +19,13 @@ from pathlib import Path
 
 from nfc.diagnostics import CompileError, Diagnostic
 from nfc.frontend import ast
-from nfc.frontend.check import check_ops
+from nfc.frontend.check import check_op
 from nfc.frontend.context import Ctx, Env, Fatal, Poisoned, TensorInfo
 from nfc.frontend.elaborate import Elaborator, Frame
 from nfc.frontend.limits import MAX_SOURCE_BYTES
 from nfc.frontend.loader import Loader, ModuleScope, suggest
 from nfc.frontend.model import ModelState, model_params
+from nfc.frontend.uncalled import check_uncalled, referenced_ops
 from nfc.ir import Block, Func, Loc, Module, ReturnOp, TensorType, Value
 
 __all__ = ["compile_file", "compile_source", "compile_op"]
@@ -61,25 +62,35 @@ def _read(path: str | Path) -> str:
 
 
 def compile_file(path: str | Path, *, params: Params | None = None, training: bool = True,
-                 search_paths: Sequence[str] | None = None, model: str | None = None) -> Module:
+                 search_paths: Sequence[str] | None = None, model: str | None = None,
+                 require_model: bool = False) -> Module:
     """Compile a .nf file (see compile_source)."""
     return compile_source(_read(path), str(path), params=params, training=training,
-                          search_paths=search_paths, model=model)
+                          search_paths=search_paths, model=model, require_model=require_model)
 
 
 def compile_source(text: str, filename: str, *, params: Params | None = None,
                    training: bool = True, search_paths: Sequence[str] | None = None,
-                   model: str | None = None) -> Module:
+                   model: str | None = None, require_model: bool = False) -> Module:
     """Compile .nf source text; `filename` locates diagnostics and relative imports.
 
     A file with a model yields a module with `@forward` (the model named `model` when the file
     has several); `params` override the model's parameters; `training` is the value of the
-    builtin `training`. A file without a model yields a module without functions.
+    builtin `training`. A file without a model yields a module without functions, or, with
+    `require_model` (what `nfc compile` asks for), the error "nothing to compile".
+
+    Every op of the file is checked: the ops the model calls (directly or through other ops)
+    at their calls, the others at sample sizes (nfc.frontend.uncalled).
     """
     with _stack_room():
         loader = Loader(list(search_paths or []))
         root = loader.load_root(text, filename)
-        diags = list(loader.diagnostics) + check_ops(root)
+        per_op = {id(op): check_op(op, root) for op in root.ops.values()}
+        diags = list(loader.diagnostics) + [d for ds in per_op.values() for d in ds]
+        # the uncalled ops are checked only when the file and its imports are sound, and
+        # only those without definition errors (which would only repeat)
+        checkable = [op for op in root.ops.values() if not per_op[id(op)]] \
+            if not loader.diagnostics and not root.incomplete else []
         models = root.program.models
         seen: dict[str, ast.ModelDef] = {}
         for m in models:
@@ -87,8 +98,14 @@ def compile_source(text: str, filename: str, *, params: Params | None = None,
                 diags.append(Diagnostic("error", f"model '{m.name}' is defined twice", m.loc))
             seen.setdefault(m.name, m)
         if not models:
+            diags += check_uncalled(root, checkable, training)
+            if require_model:
+                what = ("no model (`nfc opt` checks a file of ops)" if root.ops
+                        else "no model and no op")
+                diags.append(Diagnostic("error", f"nothing to compile: '{filename}' defines "
+                                        f"{what}", Loc(filename, 1, 1)))
             if diags:
-                raise CompileError(diags)
+                raise CompileError(_dedupe(diags))
             return Module(_module_name(filename))
         if model is not None:
             if model not in seen:
@@ -103,6 +120,9 @@ def compile_source(text: str, filename: str, *, params: Params | None = None,
         else:
             chosen = models[0]
         module = _elaborate_model(chosen, root, dict(params or {}), training, diags)
+        called = referenced_ops(root, chosen.body)
+        diags += check_uncalled(root, [op for op in checkable if id(op) not in called],
+                                training)
         if diags:
             raise CompileError(_dedupe(diags))
         assert module is not None
@@ -121,8 +141,13 @@ def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
 
 def _elaborate_model(m: ast.ModelDef, root: ModuleScope, params: dict[str, int | float | bool],
                      training: bool, diags: list[Diagnostic]) -> Module | None:
-    ctx = Ctx(training)
-    state = ModelState(m)
+    """The module of model `m`; None after errors, which are added to `diags`."""
+    try:
+        ctx = Ctx(training)
+        state = ModelState(m)
+    except CompileError as err:  # a budget set to a bad value
+        diags += err.diagnostics
+        return None
     el = Elaborator(ctx, Env(root, training), Frame(model=state))
     module = None
     try:

@@ -1,7 +1,9 @@
 """The abstract syntax tree of .nf files. Every node is a frozen dataclass with a `loc`.
 
 `loc` spans the node when it fits on one line (`end_col` set), else it marks its start.
-Expression nodes carry `depth` (1 for a leaf) so that limits can be checked without recursion.
+Expression nodes carry `depth` (1 for a leaf) so that limits can be checked without recursion;
+continuing an operator chain (`a + b + c`) does not add depth, and walkers go through chains
+with `chain` rather than recursion.
 """
 
 from __future__ import annotations
@@ -150,7 +152,9 @@ class BinOp(Expr):
     depth: int = field(default=1, compare=False)
 
     def children(self) -> tuple[Expr, ...]:
-        return (self.a, self.b)
+        """The operands of the whole chain this node ends (see `chain`)."""
+        first, links = chain(self)
+        return (first, *(link.b for link in links))
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,32 @@ class BoolOp(Expr):
     depth: int = field(default=1, compare=False)
 
     def children(self) -> tuple[Expr, ...]:
-        return (self.a, self.b)
+        """The operands of the whole chain this node ends (see `chain`)."""
+        first, links = chain(self)
+        return (first, *(link.b for link in links))
+
+
+#: Operators of one precedence level: a left-associative chain of them (`a + b - c`) is one
+#: level of nesting however long it is.
+CHAIN_LEVEL = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2, "%": 2, "and": 3, "or": 4}
+
+
+def same_level(a: str, b: str) -> bool:
+    """Whether `a` and `b` are operators of one precedence level (`+` and `-`)."""
+    return CHAIN_LEVEL.get(a, -1) == CHAIN_LEVEL.get(b, -2)
+
+
+def chain(e: BinOp | BoolOp) -> tuple[Expr, tuple[BinOp | BoolOp, ...]]:
+    """`a + b - c` as its first operand `a` and its links `a + b`, `(a + b) - c`, in order of
+    evaluation. Walkers go through chains with this loop instead of recursing on `a`, so that a
+    chain of any length costs no stack."""
+    links: list[BinOp | BoolOp] = []
+    x: Expr = e
+    while isinstance(x, type(e)) and same_level(x.op, e.op):
+        links.append(x)
+        x = x.a
+    links.reverse()
+    return x, tuple(links)
 
 
 @dataclass(frozen=True)

@@ -176,9 +176,13 @@ def _ends_in_assignment(body: tuple[ast.Stmt, ...]) -> bool:
     return isinstance(last, ast.Assign | ast.Comprehension)
 
 
+def check_op(op: ast.OpDef, scope: ModuleScope) -> list[Diagnostic]:
+    """Diagnostics for one op definition of `scope`'s file."""
+    diags: list[Diagnostic] = []
+    _OpChecker(op, scope, diags).run()
+    return diags
+
+
 def check_ops(scope: ModuleScope) -> list[Diagnostic]:
     """Diagnostics for the op definitions of one file."""
-    diags: list[Diagnostic] = []
-    for op in scope.ops.values():
-        _OpChecker(op, scope, diags).run()
-    return diags
+    return [d for op in scope.ops.values() for d in check_op(op, scope)]

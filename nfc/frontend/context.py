@@ -12,11 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from nfc.diagnostics import CompileError, Diagnostic, error, note
-from nfc.frontend import ast
+from nfc.frontend import ast, limits
 from nfc.frontend.ellipsis import ELLIPSIS, leading
-from nfc.frontend.limits import MAX_UNROLLED
 from nfc.frontend.shapes import CTValue, format_tensor_type, names_in, with_bindings
-from nfc.ir import ComputeOp, DType, Load, Loc, Op, Value
+from nfc.ir import ComputeOp, DType, Expr, Load, Loc, Op, Value
 
 if TYPE_CHECKING:
     from nfc.frontend.loader import ModuleScope
@@ -132,6 +131,16 @@ class Ctx:
     active: list[object] = field(default_factory=list)
     ticks: int = 0
     salt: int = 0
+    max_statements: int = field(default_factory=limits.STATEMENTS.value)
+    out_of_statements: bool = False
+    """Whether elaboration stopped at the statement budget."""
+    max_points: int = field(default_factory=limits.POINTS.value)
+    max_tensor_bytes: int = field(default_factory=limits.TENSOR_BYTES.value)
+    tensor_bytes: int = 0
+    """Bytes of the function's arguments and computes so far (without reuse)."""
+    depths: dict[int, tuple[Expr, int]] = field(default_factory=dict)
+    op_costs: dict[int, int] = field(default_factory=dict)
+    """Estimated statements of each op body (nfc.frontend.estimate)."""
     _seen: set[tuple[str, Loc | None]] = field(default_factory=set)
 
     @property
@@ -140,18 +149,87 @@ class Ctx:
         return str(self.calls[0][1]) if self.calls else None
 
     def emit(self, op: Op) -> None:
-        """Append an op to the function body, recording the call site of inlined ops."""
+        """Append an op to the function body, recording the call site of inlined ops.
+
+        A compute over more iteration points than the budget is refused, and so is the compute
+        that takes the function's tensors past their budget of bytes (which stops
+        elaboration: every later compute would be refused too).
+        """
+        if isinstance(op, ComputeOp):
+            points = 1
+            for a in op.all_axes:
+                points *= a.extent
+            if points > self.max_points:
+                shape = " x ".join(str(a.extent) for a in op.all_axes)
+                raise error(f"this compute has {points} iteration points ({shape}), more than "
+                            f"the budget of {self.max_points} {limits.POINTS.what} "
+                            f"({limits.POINTS.hint()})", op.loc)
+            self.count_bytes(op.result.type.nbytes, op.loc)
         site = self.callsite
         if site is not None:
             op.attrs["nf.callsite"] = site
         self.ops.append(op)
 
+    def count_bytes(self, nbytes: int, loc: Loc | None) -> None:
+        """Add a tensor of `nbytes` to the function; refuse it past the budget."""
+        self.tensor_bytes += nbytes
+        if self.tensor_bytes > self.max_tensor_bytes:
+            raise Fatal(error(f"the tensors of this function take "
+                              f"{limits.human_bytes(self.tensor_bytes)} with this one, more than "
+                              f"the budget of {limits.human_bytes(self.max_tensor_bytes)} "
+                              f"({limits.TENSOR_BYTES.hint()})", loc, *self.call_notes()))
+
     def tick(self, loc: Loc) -> None:
         """Count one elaborated statement; refuse runaway unrolling."""
+        self.depths.clear()  # expressions rarely outlive their statement: keep memory flat
         self.ticks += 1
-        if self.ticks > MAX_UNROLLED:
-            raise Fatal(error(f"more than {MAX_UNROLLED} statements after unrolling loops and "
-                              "inlining ops", loc))
+        if self.ticks > self.max_statements:
+            self.out_of_statements = True
+            raise Fatal(error(f"more than {self.max_statements} {limits.STATEMENTS.what} "
+                              f"({limits.STATEMENTS.hint()})", loc, *self.call_notes()))
+
+    def depth(self, e: Expr) -> int:
+        """The depth of expression `e` (1 for a leaf), memoised: linear in its size, no
+        recursion."""
+        kids = e.children()
+        if not kids:
+            return 1
+        memo = self.depths
+        hit = memo.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        # the common case: expressions are built bottom-up, so the children are known
+        best = 0
+        for k in kids:
+            grandkids = k.children()
+            if not grandkids:
+                d = 1
+            else:
+                got = memo.get(id(k))
+                if got is not None and got[0] is k:
+                    d = got[1]
+                elif all(not g.children() for g in grandkids):
+                    d = 2  # a fresh load `%x[i, j]`
+                else:
+                    break
+            best = d if d > best else best
+        else:
+            memo[id(e)] = (e, best + 1)
+            return best + 1
+        stack: list[tuple[Expr, bool]] = [(e, False)]
+        while stack:
+            x, done = stack.pop()
+            hit = self.depths.get(id(x))
+            if hit is not None and hit[0] is x:
+                continue
+            kids = x.children()
+            if done or not kids:
+                d = 1 + max((self.depths[id(k)][1] for k in kids), default=0)
+                self.depths[id(x)] = (x, d)
+                continue
+            stack.append((x, True))
+            stack.extend((k, False) for k in kids)
+        return self.depths[id(e)][1]
 
     def call_notes(self) -> list[Diagnostic]:
         """Notes pointing at the op calls being inlined, innermost first."""

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from nfc.diagnostics import CompileError, error, note
 from nfc.frontend import ast
-from nfc.frontend.context import CT, POISON, Ctx, DTypeB, Env, Poisoned, TensorInfo
+from nfc.frontend.context import CT, POISON, Ctx, DTypeB, Env, Fatal, Poisoned, TensorInfo
 from nfc.frontend.ellipsis import ELLIPSIS
-from nfc.frontend.limits import MAX_CALL_DEPTH, MAX_UNROLLED, check_elements
+from nfc.frontend.estimate import Estimator
+from nfc.frontend.limits import MAX_CALL_DEPTH, STATEMENTS, check_elements
 from nfc.frontend.loader import suggest
 from nfc.frontend.lower import Lowering
 from nfc.frontend.scalars import coerce, sty
@@ -155,12 +156,30 @@ class Elaborator(Lowering):
             kind = s.kind if isinstance(s, ast.Decl) else type(s).__name__.lower()
             raise error(f"'{kind}' statements are only allowed in a model", s.loc)
 
+    def estimator(self) -> Estimator:
+        """Statement estimates in the current environment (nfc.frontend.estimate)."""
+        return Estimator(self.env.scope, self.const_of, self.ctx.op_costs,
+                         self.ctx.max_statements)
+
+    def budget_error(self, what: str, need: int, loc: ast.Loc) -> Fatal:
+        """`what` would elaborate `need` statements more than the budget allows: elaboration
+        stops (every later statement would be refused as well)."""
+        budget = self.ctx.max_statements
+        self.ctx.out_of_statements = True
+        before = f" after the {self.ctx.ticks} before it" if need <= budget else ""
+        return Fatal(error(f"{what} would elaborate at least {need} statements{before}, more "
+                           f"than the budget of {budget} {STATEMENTS.what} "
+                           f"({STATEMENTS.hint()})", loc, *self.ctx.call_notes()))
+
     def loop(self, s: ast.For) -> None:
-        """Unroll `for i in lo..hi { ... }`; the loop variable is a compile-time int."""
+        """Unroll `for i in lo..hi { ... }`; the loop variable is a compile-time int. The
+        loop is estimated first and refused before unrolling when it exceeds the budget."""
         lo, hi = self.ct_int(s.lo, "a loop bound"), self.ct_int(s.hi, "a loop bound")
-        if hi - lo > MAX_UNROLLED:
-            raise error(f"loop of {hi - lo} iterations exceeds the unrolling limit of "
-                        f"{MAX_UNROLLED}", s.loc)
+        trips = max(0, hi - lo)
+        per = 1 + self.estimator().block(s.body, frozenset({s.var}))
+        if trips and self.ctx.ticks + trips * per > self.ctx.max_statements:
+            raise self.budget_error(f"loop of {trips} iterations ({per} statements each)",
+                                    trips * per, s.loc)
         saved = self.env.vars.get(s.var)
         for i in range(lo, hi):
             self.ctx.tick(s.loc)
@@ -213,6 +232,9 @@ class Elaborator(Lowering):
                         e.loc)
         if len(self.ctx.calls) >= MAX_CALL_DEPTH:
             raise error(f"op calls nested more than {MAX_CALL_DEPTH} deep", e.loc)
+        need = self.estimator().op_cost(e)
+        if self.ctx.ticks + need > self.ctx.max_statements:
+            raise self.budget_error(f"inlining op '{op.name}'", need, e.loc)
         decl = note(f"'{op.name}' declared here", op.loc)
         if len(e.args) != len(op.params):
             raise error(f"op '{op.name}' takes {len(op.params)} argument"

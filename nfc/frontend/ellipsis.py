@@ -73,6 +73,13 @@ def expand(e: ast.Expr, names: list[str] | None) -> ast.Expr:
         lead = tuple(ast.Name(e.indices[0].loc, n) for n in names)
         rest = tuple(expand(ix, names) for ix in e.indices[1:])
         return dataclasses.replace(e, indices=lead + rest)
+    if isinstance(e, ast.BinOp | ast.BoolOp):  # a loop along the chain: chains may be long
+        first, links = ast.chain(e)
+        acc = expand(first, names)
+        for link in links:
+            b = expand(link.b, names)
+            acc = link if acc is link.a and b is link.b else dataclasses.replace(link, a=acc, b=b)
+        return acc
     changes = {}
     for f in dataclasses.fields(e):
         v = getattr(e, f.name)

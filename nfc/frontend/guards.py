@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from nfc.frontend import ast
+from nfc.frontend.limits import MAX_NESTING
 
 NEG = -(1 << 200)
 POS = 1 << 200
@@ -119,17 +120,13 @@ class Domain:
             x = self.lin(e.x, scopes)
             return None if x is None else (-x[0], -x[1])
         if isinstance(e, ast.BinOp):
-            a, b = self.lin(e.a, scopes), self.lin(e.b, scopes)
-            if a is None or b is None:
-                return None
-            if e.op == "+":
-                return (a[0] + b[0], a[1] + b[1])
-            if e.op == "-":
-                return (a[0] - b[0], a[1] - b[1])
-            if e.op == "*" and (a[0] == 0 or b[0] == 0):
-                return (a[0] * b[1] + b[0] * a[1], a[1] * b[1])
-            if e.op in ("//", "%") and a[0] == 0 and b[0] == 0 and b[1] != 0:
-                return (0, a[1] // b[1] if e.op == "//" else a[1] % b[1])
+            first, links = ast.chain(e)
+            acc = self.lin(first, scopes)
+            for link in links:  # a loop, not recursion: chains may be long
+                if acc is None:
+                    return None
+                acc = _lin_op(link.op, acc, self.lin(link.b, scopes))
+            return acc
         return None
 
     def const(self, e: ast.Expr, scopes: Scopes) -> int | None:
@@ -138,38 +135,47 @@ class Domain:
         return f[1] if f is not None and f[0] == 0 else None
 
     def pre(self, e: ast.Expr, lo: int, hi: int, scopes: Scopes) -> ISet | None:
-        """The k for which `lo <= e <= hi`; None when `e` is not understood."""
-        f = self.lin(e, scopes)
-        if f is not None:
-            a, b = f
-            if a == 0:
-                return ALL if lo <= b <= hi else NONE
-            if a > 0:
-                return _norm([(_ceil_div(lo - b, a), (hi - b) // a)])
-            return _norm([(_ceil_div(hi - b, a), (lo - b) // a)])
-        if isinstance(e, ast.Unary) and e.op == "neg":
-            return self.pre(e.x, -hi, -lo, scopes)
-        if not isinstance(e, ast.BinOp):
-            return None
-        ca, cb = self.const(e.a, scopes), self.const(e.b, scopes)
-        if e.op == "//" and cb is not None and cb > 0:
-            return self.pre(e.a, lo * cb, hi * cb + cb - 1, scopes)
-        if e.op == "+" and cb is not None:
-            return self.pre(e.a, lo - cb, hi - cb, scopes)
-        if e.op == "+" and ca is not None:
-            return self.pre(e.b, lo - ca, hi - ca, scopes)
-        if e.op == "-" and cb is not None:
-            return self.pre(e.a, lo + cb, hi + cb, scopes)
-        if e.op == "-" and ca is not None:
-            return self.pre(e.b, ca - hi, ca - lo, scopes)
-        if e.op == "*" and (ca is not None or cb is not None):
-            c, x = (ca, e.b) if ca is not None else (cb, e.a)
-            assert c is not None
-            if c == 0:
-                return ALL if lo <= 0 <= hi else NONE
-            if c > 0:
-                return self.pre(x, _ceil_div(lo, c), hi // c, scopes)
-            return self.pre(x, _ceil_div(hi, c), lo // c, scopes)
+        """The k for which `lo <= e <= hi`; None when `e` is not understood.
+
+        Each rule narrows the question to one operand, so this is a loop (chains may be long);
+        after a few hundred steps the expression counts as not understood.
+        """
+        for _ in range(4 * MAX_NESTING):
+            f = self.lin(e, scopes)
+            if f is not None:
+                a, b = f
+                if a == 0:
+                    return ALL if lo <= b <= hi else NONE
+                if a > 0:
+                    return _norm([(_ceil_div(lo - b, a), (hi - b) // a)])
+                return _norm([(_ceil_div(hi - b, a), (lo - b) // a)])
+            if isinstance(e, ast.Unary) and e.op == "neg":
+                e, lo, hi = e.x, -hi, -lo
+                continue
+            if not isinstance(e, ast.BinOp):
+                return None
+            ca, cb = self.const(e.a, scopes), self.const(e.b, scopes)
+            if e.op == "//" and cb is not None and cb > 0:
+                e, lo, hi = e.a, lo * cb, hi * cb + cb - 1
+            elif e.op == "+" and cb is not None:
+                e, lo, hi = e.a, lo - cb, hi - cb
+            elif e.op == "+" and ca is not None:
+                e, lo, hi = e.b, lo - ca, hi - ca
+            elif e.op == "-" and cb is not None:
+                e, lo, hi = e.a, lo + cb, hi + cb
+            elif e.op == "-" and ca is not None:
+                e, lo, hi = e.b, ca - hi, ca - lo
+            elif e.op == "*" and (ca is not None or cb is not None):
+                c, x = (ca, e.b) if ca is not None else (cb, e.a)
+                assert c is not None
+                if c == 0:
+                    return ALL if lo <= 0 <= hi else NONE
+                if c > 0:
+                    e, lo, hi = x, _ceil_div(lo, c), hi // c
+                else:
+                    e, lo, hi = x, _ceil_div(hi, c), lo // c
+            else:
+                return None
         return None
 
     # ---- conditions and domains ---------------------------------------------------------
@@ -188,11 +194,15 @@ class Domain:
             t, f = self.cond(e.x, scopes)
             return f, t
         if isinstance(e, ast.BoolOp):
-            t1, f1 = self.cond(e.a, scopes)
-            t2, f2 = self.cond(e.b, scopes)
-            if e.op == "and":
-                return inter(t1, t2), union(f1, f2)
-            return union(t1, t2), inter(f1, f2)
+            first, links = ast.chain(e)
+            t1, f1 = self.cond(first, scopes)
+            for link in links:  # `a and b and c ...`: a loop, chains may be long
+                t2, f2 = self.cond(link.b, scopes)
+                if link.op == "and":
+                    t1, f1 = inter(t1, t2), union(f1, f2)
+                else:
+                    t1, f1 = union(t1, t2), inter(f1, f2)
+            return t1, f1
         if isinstance(e, ast.Compare):
             t, f = ALL, NONE
             for k, op in enumerate(e.ops):
@@ -230,6 +240,21 @@ class Domain:
         for c in e.children():
             out = inter(out, self.dom(c, scopes))
         return out
+
+
+def _lin_op(op: str, a: Lin, b: Lin | None) -> Lin | None:
+    """`a op b` for affine forms; None when the result is not affine."""
+    if b is None:
+        return None
+    if op == "+":
+        return (a[0] + b[0], a[1] + b[1])
+    if op == "-":
+        return (a[0] - b[0], a[1] - b[1])
+    if op == "*" and (a[0] == 0 or b[0] == 0):
+        return (a[0] * b[1] + b[0] * a[1], a[1] * b[1])
+    if op in ("//", "%") and a[0] == 0 and b[0] == 0 and b[1] != 0:
+        return (0, a[1] // b[1] if op == "//" else a[1] % b[1])
+    return None
 
 
 def bounded(s: ISet) -> bool:

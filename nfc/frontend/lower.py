@@ -4,14 +4,15 @@ expressions (tensor-level statements), with reductions hoisted into their own co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from nfc.diagnostics import CompileError, Diagnostic, error, note
 from nfc.frontend import ast, builtins, scalars
 from nfc.frontend.builtins import BUILTINS
 from nfc.frontend.context import CT, Ctx, DTypeB, Env, Poison, Poisoned, TensorInfo
 from nfc.frontend.ellipsis import ELLIPSIS, WHERE, ellipsis_names, expand, ir_name
-from nfc.frontend.limits import check_elements
+from nfc.frontend.limits import MAX_EXPR_DEPTH, MAX_KEPT_DEPTH, check_elements
 from nfc.frontend.ranges import Range, RangeTable, explicit, infer
 from nfc.frontend.scalars import SV, STy, default_dtype
 from nfc.frontend.shapes import DTYPES, CTValue, eval_int, format_ct
@@ -44,11 +45,15 @@ class Scope:
     guards: list[Expr]
     ranges: RangeTable
     used: set[str] = field(default_factory=set)
+    keep: str | None = None
+    """"index expression" in a subscript, "condition" in the condition of `a if c else b`:
+    there an integer or boolean sub-expression cannot become a compute of its own (an index
+    would become data, a guard would lose the facts the bounds proof takes from it)."""
 
     def child(self) -> Scope:
         """A nested scope (a reduction body)."""
         return Scope(dict(self.names), list(self.order), list(self.guards), self.ranges,
-                     self.used)
+                     self.used, self.keep)
 
     def bind(self, name: str, rng: Range, base: str | None = None) -> Axis:
         """Introduce index `name`; its IR name (`base`, by default `name`) is unique within
@@ -153,7 +158,10 @@ class Lowering:
     # ---- element expressions ------------------------------------------------------------
 
     def scalar(self, e: ast.Expr, sc: Scope) -> SV:
-        """Lower an element expression."""
+        """Lower an element expression (kept at most MAX_EXPR_DEPTH deep, see `shallow`)."""
+        return self.shallow(self._scalar(e, sc), sc, e.loc)
+
+    def _scalar(self, e: ast.Expr, sc: Scope) -> SV:
         if isinstance(e, ast.Num | ast.Bool):
             return scalars.const(e.value)
         if isinstance(e, ast.Name):
@@ -180,8 +188,9 @@ class Lowering:
                 raise error(f"'{e.name}' is an index, not a tensor", e.name_loc)
             info = self.tensor_info(e.name, e.name_loc)
             indices = []
+            isc = replace(sc, keep="index expression")
             for ix in e.indices:
-                v = self.scalar(ix, sc)
+                v = self.scalar(ix, isc)
                 if v.ty.kind != "int":
                     what = (f"float tensor '{ix.name}'" if isinstance(ix, ast.Subscript)
                             and v.ty.kind == "float" else f"a {v.ty} value")
@@ -194,19 +203,24 @@ class Lowering:
             return self.scalar_call(e, sc)
         if isinstance(e, ast.Reduce):
             return self.hoist(e, sc)
-        if isinstance(e, ast.BinOp):
-            return scalars.binop(e.op, self.scalar(e.a, sc), self.scalar(e.b, sc), e.loc)
-        if isinstance(e, ast.BoolOp):
-            return scalars.logic(e.op, self.scalar(e.a, sc), self.scalar(e.b, sc), e.loc)
+        if isinstance(e, ast.BinOp | ast.BoolOp):
+            # a loop along the chain `a + b - c ...`, each link kept shallow
+            first, links = ast.chain(e)
+            acc = self.scalar(first, sc)
+            for link in links:
+                b = self.scalar(link.b, sc)
+                acc = self.shallow(_apply(link, acc, b), sc, link.loc)
+            return acc
         if isinstance(e, ast.Compare):
-            return self.chain(e, [self.scalar(x, sc) for x in e.operands])
+            vals = [self.scalar(x, sc) for x in e.operands]
+            return self.comparisons(e, vals, lambda v: self.shallow(v, sc, e.loc))
         if isinstance(e, ast.Unary):
             x = self.scalar(e.x, sc)
             return scalars.negate(x, e.loc) if e.op == "neg" else scalars.logical_not(x, e.loc)
         if isinstance(e, ast.EllipsisExpr):
             raise error(WHERE, e.loc)
         if isinstance(e, ast.IfExp):
-            c = self.scalar(e.cond, sc)
+            c = self.scalar(e.cond, replace(sc, keep=sc.keep or "condition"))
             if c.const is not None:
                 return self.scalar(e.a if c.const else e.b, sc)
             inner = sc.child()
@@ -218,12 +232,42 @@ class Lowering:
             return scalars.select(c, a, b, e.loc)
         raise error("a range or a list is not allowed here", e.loc)
 
-    def chain(self, e: ast.Compare, vals: list[SV]) -> SV:
-        """`a < b <= c` is `a < b and b <= c`."""
+    def shallow(self, sv: SV, sc: Scope, loc: Loc) -> SV:
+        """`sv`, or a load of a compute of its own holding it when it is MAX_EXPR_DEPTH deep
+        or more (a long operator chain), so that no pass or code generator has to recurse
+        deeper. Enclosing guards go with it like with a hoisted reduction. Weakly typed
+        values, and integers and booleans in subscripts and conditions (see Scope.keep),
+        cannot move: they are refused past MAX_KEPT_DEPTH instead."""
+        depth = self.ctx.depth(sv.expr)
+        if depth < MAX_EXPR_DEPTH:
+            return sv
+        if sv.ty.dtype is None or (sc.keep is not None and sv.ty.kind != "float"):
+            if depth > MAX_KEPT_DEPTH:
+                raise error(f"{sc.keep or 'expression'} nested more than {MAX_KEPT_DEPTH} "
+                            "deep; split it into several statements", loc)
+            return sv
+        guard: Expr | None = None
+        for g in sc.guards:
+            guard = g if guard is None else Binary("and", guard, g)
+        used = index_names(sv.expr) | (index_names(guard) if guard is not None else set())
+        dims = tuple(a for a in sc.order if a.name in used)
+        expr = sv.expr
+        if guard is not None:
+            dt = sv.ty.dtype
+            zero = Const(False) if dt is DType.I1 else Const(0) if dt.is_int else Const(0.0)
+            expr = Select(guard, expr, zero)
+        op = ComputeOp(TensorType(tuple(a.extent for a in dims), sv.ty.dtype), dims, expr,
+                       loc=loc)
+        self.ctx.emit(op)
+        self.ctx.check_bounds(op)
+        return SV(Load(op.result, tuple(Index(a.name) for a in dims)), sv.ty)
+
+    def comparisons(self, e: ast.Compare, vals: list[SV], keep: Callable[[SV], SV]) -> SV:
+        """`a < b <= c` is `a < b and b <= c`; `keep` keeps each step shallow."""
         out: SV | None = None
         for k, op in enumerate(e.ops):
             c = scalars.compare(op, vals[k], vals[k + 1], e.loc)
-            out = c if out is None else scalars.logic("and", out, c, e.loc)
+            out = c if out is None else keep(scalars.logic("and", out, c, e.loc))
         assert out is not None
         return out
 
@@ -377,7 +421,21 @@ class Lowering:
         return self.tv(e)
 
     def tv(self, e: ast.Expr) -> TV:
-        """A tensor-level expression with exactly one value."""
+        """A tensor-level expression with exactly one value (kept shallow, see `shallow`)."""
+        return self.shallow_tv(self._tv(e), e.loc)
+
+    def shallow_tv(self, tv: TV, loc: Loc) -> TV:
+        """`tv`, materialised when its body is MAX_EXPR_DEPTH deep or more (see `shallow`)."""
+        if tv.value is not None or self.ctx.depth(tv.sv.expr) < MAX_EXPR_DEPTH:
+            return tv
+        if tv.sv.ty.dtype is None:
+            if self.ctx.depth(tv.sv.expr) > MAX_KEPT_DEPTH:
+                raise error(f"expression nested more than {MAX_KEPT_DEPTH} deep; split it "
+                            "into several statements", loc)
+            return tv
+        return TV.of(self.materialize(tv, None, loc))
+
+    def _tv(self, e: ast.Expr) -> TV:
         if isinstance(e, ast.Num | ast.Bool):
             return TV.scalar(scalars.const(e.value))
         if isinstance(e, ast.Name):
@@ -413,17 +471,28 @@ class Lowering:
                 raise error(f"op '{e.fn}' returns {len(out)} results; assign them to as many "
                             f"names (`a, b = {e.fn}(...)`)", e.loc)
             return out
-        if isinstance(e, ast.BinOp):
-            a, b = self.tv(e.a), self.tv(e.b)
-            return elementwise([a, b], lambda v: scalars.binop(e.op, v[0], v[1], e.loc), e.loc,
-                               f"'{e.op}'")
-        if isinstance(e, ast.BoolOp):
-            a, b = self.tv(e.a), self.tv(e.b)
-            return elementwise([a, b], lambda v: scalars.logic(e.op, v[0], v[1], e.loc), e.loc,
-                               f"'{e.op}'")
+        if isinstance(e, ast.BinOp | ast.BoolOp):
+            # a loop along the chain `a + b - c ...`, each link kept shallow
+            first, links = ast.chain(e)
+            acc = self.tv(first)
+            for link in links:
+                b = self.tv(link.b)
+                acc = self.shallow_tv(elementwise([acc, b], _applier(link), link.loc,
+                                                  f"'{link.op}'"), link.loc)
+            return acc
         if isinstance(e, ast.Compare):
             ops = [self.tv(x) for x in e.operands]
-            return elementwise(ops, lambda v: self.chain(e, v), e.loc, "a comparison")
+            if len(ops) == 2:
+                return elementwise(ops, lambda v: self.comparisons(e, v, _same), e.loc,
+                                   "a comparison")
+            # a long chain `a < b < c ...`: one link at a time, each kept shallow
+            out: TV | None = None
+            for k, op in enumerate(e.ops):
+                c = elementwise(ops[k:k + 2], _comparer(op, e.loc), e.loc, "a comparison")
+                out = c if out is None else self.shallow_tv(
+                    elementwise([out, c], _conjunction(e.loc), e.loc, "a comparison"), e.loc)
+            assert out is not None
+            return out
         if isinstance(e, ast.Unary):
             x = self.tv(e.x)
             fn = scalars.negate if e.op == "neg" else scalars.logical_not
@@ -458,6 +527,29 @@ class Lowering:
     def call_op(self, e: ast.Call) -> list[TensorInfo]:
         """Inline an op call (implemented by the elaborator)."""
         raise NotImplementedError
+
+
+def _apply(link: ast.BinOp | ast.BoolOp, a: SV, b: SV) -> SV:
+    """One link `a op b` of an operator chain."""
+    if isinstance(link, ast.BinOp):
+        return scalars.binop(link.op, a, b, link.loc)
+    return scalars.logic(link.op, a, b, link.loc)
+
+
+def _applier(link: ast.BinOp | ast.BoolOp) -> Callable[[list[SV]], SV]:
+    return lambda v: _apply(link, v[0], v[1])
+
+
+def _comparer(op: str, loc: Loc) -> Callable[[list[SV]], SV]:
+    return lambda v: scalars.compare(op, v[0], v[1], loc)
+
+
+def _conjunction(loc: Loc) -> Callable[[list[SV]], SV]:
+    return lambda v: scalars.logic("and", v[0], v[1], loc)
+
+
+def _same(sv: SV) -> SV:
+    return sv
 
 
 def _decl_note(info: TensorInfo) -> list[Diagnostic]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nfc.diagnostics import CompileError, error, note
-from nfc.frontend import ast
-from nfc.frontend.context import CT, TensorInfo
+from nfc.frontend import ast, limits
+from nfc.frontend.context import CT, Fatal, TensorInfo
 from nfc.frontend.limits import check_elements
 from nfc.frontend.loader import suggest
 from nfc.frontend.scalars import coerce, sty
@@ -58,6 +58,8 @@ class ModelState:
     outputs: dict[str, tuple[Value, ast.Target]] = field(default_factory=dict)
     minimize: tuple[str, Value, dict[str, Any]] | None = None
     rng: Value | None = None
+    param_bytes: int = 0
+    max_param_bytes: int = field(default_factory=limits.PARAM_BYTES.value)
 
     def stmt(self, el: Elaborator, s: ast.Stmt) -> None:
         """A model-only statement."""
@@ -93,6 +95,7 @@ class ModelState:
                 raise error(f"random tensors are floats, not {t.dtype}", d.type.dtype_loc)
             value = self.random(el, t, name, d.loc)
         else:
+            self.count(el, d, t)
             value = Value(t, name)
             attrs: dict[str, Any] = {"nf.role": d.kind}
             if d.kind == "input":
@@ -112,6 +115,20 @@ class ModelState:
         info = TensorInfo(value, name, d.target.loc, "", d.type, values)
         info.decl_text = info.describe()
         el.env.vars[name] = info
+
+    def count(self, el: Elaborator, d: ast.Decl, t: TensorType) -> None:
+        """Add a declared tensor to the budgets (parameter bytes, tensor bytes); past a
+        budget, elaboration stops at this declaration."""
+        if d.kind == "param":
+            self.param_bytes += t.nbytes
+            if self.param_bytes > self.max_param_bytes:
+                raise Fatal(error(
+                    f"the parameters of model '{self.model.name}' take "
+                    f"{limits.human_bytes(self.param_bytes)} with '{d.target.name}' "
+                    f"({format_tensor_type(t)}), more than the budget of "
+                    f"{limits.human_bytes(self.max_param_bytes)} "
+                    f"({limits.PARAM_BYTES.hint()})", d.loc))
+        el.ctx.count_bytes(t.nbytes, d.loc)
 
     def type_of(self, el: Elaborator, t: ast.TypeExpr, name: str) -> TensorType:
         """A concrete declared type."""

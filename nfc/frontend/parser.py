@@ -2,7 +2,8 @@
 
 The tree is built by callbacks run while parsing (Lark's inline transformer), so no step
 recurses over the tree; expression depth is measured as nodes are built and refused past
-MAX_NESTING. Syntax errors become located diagnostics with readable token names.
+MAX_NESTING (continuing a chain of operators of one level, `a + b - c`, adds no depth).
+Syntax errors become located diagnostics with readable token names.
 """
 
 from __future__ import annotations
@@ -353,10 +354,22 @@ class _Build(Transformer):
         return self.expr(ast.Reduce, kids, (body,), str(kids[0]), tuple(indices), body)
 
     def binop(self, kids: list[Any]) -> ast.Expr:
-        return self.expr(ast.BinOp, kids, (kids[0], kids[2]), str(kids[1]), kids[0], kids[2])
+        return self.link(ast.BinOp, kids)
 
     def boolop(self, kids: list[Any]) -> ast.Expr:
-        return self.expr(ast.BoolOp, kids, (kids[0], kids[2]), str(kids[1]), kids[0], kids[2])
+        return self.link(ast.BoolOp, kids)
+
+    def link(self, cls: type, kids: list[Any]) -> ast.Expr:
+        """`a op b`; when `a` is a chain of operators of op's level (`a = x + y` for op `-`),
+        this continues the chain and adds no depth: `x + y - z` is as deep as `x + y`."""
+        a, op, b = kids[0], str(kids[1]), kids[2]
+        if isinstance(a, cls) and ast.same_level(a.op, op):  # type: ignore[attr-defined]
+            depth = max(a.depth, b.depth + 1)
+            if depth > MAX_NESTING:
+                raise _Abort(Diagnostic("error", f"expression nested more than {MAX_NESTING} "
+                                        "deep", self.loc(kids[0], kids[-1])))
+            return cls(self.loc(kids[0], kids[-1]), op, a, b, depth=depth)
+        return self.expr(cls, kids, (a, b), op, a, b)
 
     def unary(self, kids: list[Any]) -> ast.Expr:
         op = "neg" if kids[0].type == "MINUS" else "not"

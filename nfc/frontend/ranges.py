@@ -84,9 +84,17 @@ def infer(stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]], value: 
         else:
             binders.append((id(stmt), name, node, "output", value, None))
 
+    mentioned: dict[tuple[int, str, int], bool] = {}
+
     def guarded(key: int, name: str, conds: tuple[tuple[ast.Expr, Scopes], ...]) -> bool:
-        probe = Domain(key, name, shape_of, const_of)
-        return any(probe.mentions(c, sc) for c, sc in conds)
+        # memoised per condition: every use below a condition asks about it again
+        for c, sc in conds:
+            k = (key, name, id(c))
+            if k not in mentioned:
+                mentioned[k] = Domain(key, name, shape_of, const_of).mentions(c, sc)
+            if mentioned[k]:
+                return True
+        return False
 
     def walk(e: ast.Expr, scopes: Scopes, conds: tuple[tuple[ast.Expr, Scopes], ...]) -> None:
         if isinstance(e, ast.Subscript):

@@ -58,20 +58,27 @@ def eval_ct(e: ast.Expr, lookup: Callable[[str, Loc], CTValue]) -> CTValue:
             raise error("cannot negate this value", e.loc)
         return -v
     if isinstance(e, ast.BinOp):
-        a, b = eval_ct(e.a, lookup), eval_ct(e.b, lookup)
-        if isinstance(a, bool | tuple) or isinstance(b, bool | tuple):
-            raise error(f"operator '{e.op}' needs numbers", e.loc)
-        try:
-            r = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
-                 "/": lambda: a / b, "//": lambda: a // b, "%": lambda: a % b}[e.op]()
-        except ZeroDivisionError:
-            raise error("division by zero in a compile-time expression", e.loc) from None
-        except OverflowError:
-            raise error("compile-time value is too large", e.loc) from None
-        if isinstance(r, int) and abs(r) > MAX_CT_INT:
-            raise error("compile-time integer is too large", e.loc)
-        return r
+        first, links = ast.chain(e)
+        acc = eval_ct(first, lookup)
+        for link in links:  # a loop, not recursion: chains may be long
+            acc = _arith(link, acc, eval_ct(link.b, lookup))
+        return acc
     raise error("expected a compile-time value (numbers, names and + - * / // %)", e.loc)
+
+
+def _arith(e: ast.BinOp, a: CTValue, b: CTValue) -> CTValue:
+    if isinstance(a, bool | tuple) or isinstance(b, bool | tuple):
+        raise error(f"operator '{e.op}' needs numbers", e.loc)
+    try:
+        r = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
+             "/": lambda: a / b, "//": lambda: a // b, "%": lambda: a % b}[e.op]()
+    except ZeroDivisionError:
+        raise error("division by zero in a compile-time expression", e.loc) from None
+    except OverflowError:
+        raise error("compile-time value is too large", e.loc) from None
+    if isinstance(r, int) and abs(r) > MAX_CT_INT:
+        raise error("compile-time integer is too large", e.loc)
+    return r
 
 
 def eval_int(e: ast.Expr, lookup: Callable[[str, Loc], CTValue], what: str) -> int:
@@ -108,7 +115,10 @@ def format_expr(e: ast.Expr, ctx: int = 0) -> str:
         return "-" + format_expr(e.x, 3)
     if isinstance(e, ast.BinOp):
         p = _PREC.get(e.op, 1)
-        text = f"{format_expr(e.a, p)} {e.op} {format_expr(e.b, p + 1)}"
+        first, links = ast.chain(e)
+        text = format_expr(first, p)
+        for link in links:
+            text += f" {link.op} {format_expr(link.b, p + 1)}"
         return f"({text})" if p < ctx else text
     if isinstance(e, ast.ListExpr):
         return "[" + ", ".join(format_expr(i) for i in e.items) + "]"

@@ -102,6 +102,22 @@ def _size(e: Expr) -> int:
     return sum(1 for _ in e.walk())
 
 
+#: Deepest body a stage may have after inlining: code generators recurse over expressions
+#: (about 160 levels overflow the stack of the LLVM renderer; the frontend keeps each compute at
+#: most 64 deep, so long operator chains arrive as several computes that must not merge back).
+MAX_DEPTH = 128
+
+
+def _depth(e: Expr) -> int:
+    """Depth of `e` (1 for a leaf), without recursion."""
+    best, stack = 0, [(e, 1)]
+    while stack:
+        x, d = stack.pop()
+        best = max(best, d)
+        stack.extend((c, d + 1) for c in x.children())
+    return best
+
+
 class CostModel:
     """Prices groups of computes; memoises the FLOPs of inlined stages.
 
@@ -117,10 +133,12 @@ class CostModel:
         self._ops: dict[int, tuple[list[Value], int, list[int]]] = {}
         self._weights: dict[int, dict[int, float]] = {}
         self._stages: dict[tuple[int, frozenset[int]], _Stage] = {}
+        self._depths: dict[int, int] = {}
 
     def forget(self, op: ComputeOp) -> None:
         """Drop what is memoised about `op` (its body was rewritten)."""
         self._ops.pop(id(op), None)
+        self._depths.pop(id(op), None)
         self._gemm.pop(id(op), None)
         self._weights.pop(id(op), None)
         for memo in (self._flops, self._gemm_kept, self._stages):
@@ -200,6 +218,8 @@ class CostModel:
             illegal = f"an inlined producer would break the GEMM pattern of %{st.result.name}"
         elif feeders and self._size_with(st, by_value, set(feeders)) > self.max_nodes:
             illegal = f"the inlined body of %{st.result.name} would be too large"
+        elif feeders and self._depth_with(st, by_value, set(feeders)) > MAX_DEPTH:
+            illegal = f"the inlined body of %{st.result.name} would be too deep"
         reads: dict[int, int] = {}
         for op in (st, *(by_value[f] for f in feeders)):
             for v in self._info(op)[0]:
@@ -258,6 +278,22 @@ class CostModel:
             memo[id(op)] = n
             return n
         return size(st)
+
+    def _depth_with(self, st: ComputeOp, by_value: Mapping[int, ComputeOp],
+                    inlined: set[int]) -> int:
+        """Depth of `st`'s body after inlining, at most (its own depth plus the deepest
+        inlined producer's), counted without building it."""
+        memo: dict[int, int] = {}
+
+        def depth(op: ComputeOp) -> int:
+            if id(op) not in memo:
+                own = self._depths.get(id(op))
+                if own is None:
+                    own = self._depths[id(op)] = _depth(op.body)
+                memo[id(op)] = own + max((depth(by_value[t]) for t in self._info(op)[2]
+                                          if t in inlined), default=0)
+            return memo[id(op)]
+        return depth(st)
 
     def _inlined_body(self, st: ComputeOp, feeders: frozenset[int],
                       by_value: Mapping[int, ComputeOp]) -> Expr:

@@ -210,24 +210,33 @@ def test_recursion_and_reduction_minus_hint() -> None:
 
 
 def test_limits_are_refused_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nfc.frontend.context as context
-
     t = time.perf_counter()
     assert errors(model(" input x: f32[10000000000, 10000000000000]", " output x")) == [
         "2:11: 'x' of shape [10000000000, 10000000000000] has more than 2^40 elements (the "
         "limit of this compiler)"]
     assert errors(model(" input x: f32[0]", " output x")) == [
         "2:11: 'x' has size 0 in dimension 0; sizes must be positive"]
+    budget = ("more than the budget of 1000000 statements after unrolling loops and inlining "
+              "ops (set NFC_MAX_STATEMENTS to raise it)")
     assert errors(model(" input x: f32[2]", " for i in 0..10000000 { y = x }", " output x")) \
-        == ["3:2: loop of 10000000 iterations exceeds the unrolling limit of 1000000"]
+        == [f"3:2: loop of 10000000 iterations (2 statements each) would elaborate at least "
+            f"20000000 statements, {budget}"]
     nested = model(" input x: f32[2]",
                    " for i in 0..100000 { for j in 0..100000 { y = 1 } }", " output x")
-    monkeypatch.setattr(context, "MAX_UNROLLED", 20_000)  # the same check, 50 times sooner
-    assert errors(nested) == [
-        "3:23: more than 20000 statements after unrolling loops and inlining ops"]
+    assert errors(nested) == [  # estimated before the outer loop runs once
+        f"3:2: loop of 100000 iterations (200002 statements each) would elaborate at least "
+        f"20000200000 statements, {budget}"]
+    # bounds that depend on an outer loop are estimated when that loop gets there
+    triangle = model(" input x: f32[2]", " for i in 0..1000 { for j in 0..i { y = 1 } }",
+                     " output x")
+    monkeypatch.setenv("NFC_MAX_STATEMENTS", "20000")
+    assert errors(triangle) == [
+        "3:21: loop of 140 iterations (2 statements each) would elaborate at least 280 "
+        "statements after the 19744 before it, more than the budget of 20000 statements "
+        "after unrolling loops and inlining ops (set NFC_MAX_STATEMENTS to raise it)"]
     monkeypatch.undo()
-    assert errors("model m {\n x = " + "1 * " * 250 + "1\n}") == [
-        "2:6: expression nested more than 200 deep"]
+    assert errors("model m {\n x = " + "-" * 250 + "1\n}") == [
+        "2:56: expression nested more than 200 deep"]
     assert time.perf_counter() - t < 20
 
 

@@ -78,6 +78,25 @@ model p(batch = 2, seq = 3, d = 4) {
   minimize loss with sgd(lr = 0.1)
 }
 """,
+    # ops nothing calls: checked at sample sizes (nfc.frontend.uncalled)
+    """
+op gather(E: T[V, D], ids: I[N]) -> T[N, D] {
+  y[n, d] = E[ids[n], d]
+}
+op shift<k: int>(x: T[..., W]) -> T[..., W] {
+  y[..., w] = x[..., w - k] if w >= k else 0.0
+}
+op acc<steps: int = 3>(x: T[N, C], w: T[C, C]) -> (h: T[N, C], s: T[C]) {
+  h = x
+  for t in 0..steps { h = tanh(h + x) * 0.5 }
+  s[c] = (sum(n) h[n, c] + w[c, c] + x[n, (c + 1) % C]) / N
+}
+model u(batch = 2) {
+  input x: f32[batch, 3]
+  y = x + x + x + x - x * x * x
+  output y
+}
+""",
 ]
 
 SOURCES_FOR_FUZZ = [p.read_text() for p in sorted((ROOT / "examples").glob("*.nf"))]

@@ -127,8 +127,29 @@ def test_nesting_limits_are_diagnosed_not_crashed() -> None:
     assert "brackets nested more than 200 deep" in syntax_error(deep)
     minus = "model m { x = " + "-" * 300 + "y }"
     assert "expression nested more than 200 deep" in syntax_error(minus)
-    chain = "model m { x = y" + " + y" * 300 + " }"
-    assert "expression nested more than 200 deep" in syntax_error(chain)
+    right = "model m { x = y" + " + (y" * 300 + ")" * 300 + " }"
+    assert "nested more than 200 deep" in syntax_error(right)
+    alternating = "model m { x = y" + " + y * y" * 150 + " }"  # depth 2: + of * terms
+    assert isinstance(parse(alternating, "s.nf").models[0].body[0], ast.Assign)
+    # x * y - y * (...) nests: each parenthesised level adds depth, however long the chains
+    nested = "model m { x = " + "y - y * (" * 120 + "y" + ")" * 120 + " }"
+    assert "expression nested more than 200 deep" in syntax_error(nested)
+
+
+def test_operator_chains_do_not_nest() -> None:
+    """`a + b - c + ...` is one level however long; the tree stays left-associative."""
+    chain = "model m { x = y" + " + y - y" * 3000 + " }"
+    e = parse(chain, "s.nf").models[0].body[0].value  # type: ignore[attr-defined]
+    assert isinstance(e, ast.BinOp) and e.op == "-" and e.depth == 2
+    first, links = ast.chain(e)
+    assert isinstance(first, ast.Name) and len(links) == 6000
+    assert [link.op for link in links[:4]] == ["+", "-", "+", "-"]
+    assert links[-1] is e and links[0].a is first
+    assert len(e.children()) == 6001  # walkers see the operands, not 6000 nested nodes
+    # a chain of `and` is one level too; `or` of `and` chains nests once
+    conds = "model m { x = " + " or ".join(["a and b and c"] * 500) + " }"
+    e = parse(conds, "s.nf").models[0].body[0].value  # type: ignore[attr-defined]
+    assert isinstance(e, ast.BoolOp) and e.op == "or" and e.depth == 3
 
 
 def test_megabyte_line_is_bounded() -> None:
