@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from nfc.ir import Block, ComputeOp, Func, KernelOp, ReturnOp
+from nfc.ir import Block, ComputeOp, Func, KernelOp, ReturnOp, Value
 
 RunFn = Callable[[list[np.ndarray]], Any]
 
@@ -37,7 +37,10 @@ def kernel_spec(op: ComputeOp | KernelOp, name: str = "k") -> dict[str, Any]:
 
     _, outs, ins = group_of(op)
     rets = list(op.results) if isinstance(op, KernelOp) else list(outs)
-    func = Func(name, list(ins), Block([op, ReturnOp(rets)]))
+    # a copy of the op reading fresh arguments: the op itself stays in its function
+    vmap = {v: Value(v.type, v.name) for v in ins}
+    body = Block([op.clone(vmap), ReturnOp([vmap[v] for v in rets])])
+    func = Func(name, [vmap[v] for v in ins], body)
     return {"ir": print_func(func, locs=False), "func": name, "op": 0,
             "inputs": [{"shape": list(v.shape), "dtype": str(v.dtype.numpy)} for v in ins]}
 

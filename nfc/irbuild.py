@@ -298,13 +298,13 @@ class Builder:
         """A block ends with its terminator (nf.return or nf.yield) and has no other."""
         want = "nf.return" if term is ReturnOp else "nf.yield"
         for op in ops[:-1]:
-            if isinstance(op, ReturnOp):
+            if op.is_terminator:
                 self.error(f"'{op.opname}' must be the last op of its block",
                            self.op_locs[id(op)])
-        if ops and isinstance(ops[-1], ReturnOp) and type(ops[-1]) is not term:
+        if ops and ops[-1].is_terminator and type(ops[-1]) is not term:
             self.error(f"'{ops[-1].opname}' cannot end a {what} body; expected '{want}'",
                        self.op_locs[id(ops[-1])])
-        elif ops and not isinstance(ops[-1], ReturnOp):
+        elif ops and not ops[-1].is_terminator:
             self.error(f"{what} body must end with '{want}'", self.op_locs[id(ops[-1])])
         elif not ops and term is YieldOp:
             self.error(f"{what} body must end with '{want}'", at)
@@ -380,7 +380,7 @@ class Builder:
         self._define_results(op, res)
         return op
 
-    def return_op(self, ch: list) -> ReturnOp:
+    def return_op(self, ch: list) -> ReturnOp | YieldOp:
         kw = ch[0]
         vals = [c for c in ch[1:] if isinstance(c, Token) and c.type == "VALUE"]
         ttoks = [c for c in ch[1:] if isinstance(c, Token) and c.type == "TENSOR"]
@@ -420,7 +420,7 @@ class Builder:
                            f"({', '.join(map(str, declared))}) but nf.yield gives "
                            f"({', '.join(map(str, got))})", self.op_locs[id(term)])
         else:
-            ops = [op for op in ops if not isinstance(op, ReturnOp)]
+            ops = [op for op in ops if not op.is_terminator]
             ops.append(YieldOp([self.placeholder(t) for t in declared]))
             term = ops[-1]
         for name in self.scopes.pop():

@@ -5,34 +5,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.ir import Block, ComputeOp, Const, Func, Index, Load, Module, Value, substitute_indices
+from nfc.ir import (
+    Axis,
+    ComputeOp,
+    Const,
+    Expr,
+    Index,
+    Load,
+    Module,
+    Op,
+    Value,
+    substitute_indices,
+)
 from nfc.passmanager import Context, ModulePass
+from nfc.rewrite import PatternRewriteWalker, RewritePattern, Rewriter
 from nfc.simplify import simplify
 
 
-def axis_ranges(op: ComputeOp) -> dict[str, tuple[int, int]]:
-    """The inclusive range of every index variable of `op` (output and reduction axes)."""
-    return {a.name: (0, a.extent - 1) for a in op.all_axes}
-
-
-def canonicalize_compute(op: ComputeOp, *, fast: bool = False) -> None:
-    """Canonicalise one compute in place: drop reduction axes of extent 1 (and, for max/min,
-    axes the body does not mention: repeating a value changes neither), then simplify the
-    body with the axes' ranges."""
-    names = {e.name for e in op.body.walk() if isinstance(e, Index)}
+def canonical_form(op: ComputeOp, *, fast: bool = False
+                   ) -> tuple[Expr, str | None, tuple[Axis, ...]]:
+    """`op`'s (body, reduce, raxes) canonicalised: reduction axes of extent 1 dropped (and,
+    for max/min, axes the body does not mention: repeating a value changes neither), then the
+    body simplified with the axes' ranges."""
+    body, reduce = op.body, op.reduce
+    names = {e.name for e in body.walk() if isinstance(e, Index)}
     keep = []
     for a in op.raxes:
         if a.extent == 1:
-            op.body = substitute_indices(op.body, {a.name: Const(0)})
-        elif op.reduce in ("max", "min") and a.name not in names:
+            body = substitute_indices(body, {a.name: Const(0)})
+        elif reduce in ("max", "min") and a.name not in names:
             pass
         else:
             keep.append(a)
+    raxes = op.raxes
     if len(keep) != len(op.raxes):
-        op.raxes = tuple(keep)
+        raxes = tuple(keep)
         if not keep:
-            op.reduce = None
-    op.body = simplify(op.body, axis_ranges(op), fast=fast)
+            reduce = None
+    ranges = {a.name: (0, a.extent - 1) for a in op.dims + raxes}
+    return simplify(body, ranges, fast=fast), reduce, raxes
+
+
+def canonicalize_compute(op: ComputeOp, *, fast: bool = False) -> None:
+    """Canonicalise one compute (in no block, or where nothing tracks changes) in place."""
+    op.body, op.reduce, op.raxes = canonical_form(op, fast=fast)
 
 
 def copy_source(op: ComputeOp) -> Value | None:
@@ -71,24 +87,25 @@ class Canonicalize(ModulePass):
 
     def apply(self, ctx: Context, module: Module) -> None:
         """Canonicalise every function of `module`."""
-        for func in module.funcs:
-            copies: dict[Value, Value] = {}
-            self._block(func, func.body, copies)
-            if copies:
-                func.replace_all_uses(copies)
+        PatternRewriteWalker(CanonicalizeCompute(self.fast)).rewrite_module(module)
 
-    def _block(self, func: Func, block: Block, copies: dict[Value, Value]) -> None:
-        ops = []
-        for op in block.ops:
-            for region in op.regions():
-                self._block(func, region, copies)
-            if isinstance(op, ComputeOp):
-                if copies:
-                    op.replace_uses(copies)
-                canonicalize_compute(op, fast=self.fast)
-                src = copy_source(op)
-                if src is not None:
-                    copies[op.result] = src
-                    continue
-            ops.append(op)
-        block.ops = ops
+
+class CanonicalizeCompute(RewritePattern):
+    """Bring a compute to canonical form (`canonical_form`), then replace it by its source
+    if it only copies one."""
+
+    def __init__(self, fast: bool = False) -> None:
+        self.fast = fast
+        self.done: dict[Op, Expr] = {}  # op -> the canonical body it was given
+
+    def match_and_rewrite(self, op: Op, rewriter: Rewriter) -> None:
+        if not isinstance(op, ComputeOp):
+            return
+        if self.done.get(op) is not op.body:  # else nothing changed since: skip simplify
+            body, reduce, raxes = canonical_form(op, fast=self.fast)
+            if (body, reduce, raxes) != (op.body, op.reduce, op.raxes):
+                rewriter.update(op, body=body, reduce=reduce, raxes=raxes)
+            self.done[op] = op.body
+        src = copy_source(op)
+        if src is not None:
+            rewriter.replace_op(op, [], [src])

@@ -6,9 +6,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.ir import Block, CallOp, ComputeOp, Func, Index, Module, Op, Value, substitute_indices
+from nfc.ir import Block, CallOp, ComputeOp, Func, Index, Module, Op, substitute_indices
 from nfc.passmanager import Context, ModulePass
 from nfc.printer import format_attr_dict
+from nfc.rewrite import PatternRewriteWalker, RewritePattern, Rewriter
 from nfc.simplify import simplify, structural_key
 
 #: Attributes that only describe where an op came from, like its location: not compared.
@@ -70,28 +71,21 @@ class CSE(ModulePass):
             cse_func(func)
 
 
-def _cse_block(block: Block, mapping: dict[Value, Value]) -> None:
-    seen: dict[Hashable, Op] = {}
-    ops = []
-    for op in block.ops:
-        if mapping:
-            op.replace_uses(mapping)  # earlier merges may make this op a duplicate too
-        for region in op.regions():
-            _cse_block(region, mapping)
+class MergeDuplicates(RewritePattern):
+    """Replace an op by the first op of its block with the same key (`op_key`)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[Block, dict[Hashable, Op]] = {}
+
+    def match_and_rewrite(self, op: Op, rewriter: Rewriter) -> None:
         key = op_key(op)
-        first = seen.get(key) if key is not None else None
-        if first is not None:
-            mapping.update(zip(op.results, first.results, strict=True))
-            continue
-        if key is not None:
-            seen[key] = op
-        ops.append(op)
-    block.ops = ops
+        if key is None or op.parent is None:
+            return
+        first = self.seen.setdefault(op.parent, {}).setdefault(key, op)
+        if first is not op:
+            rewriter.replace_op(op, [], first.results)
 
 
 def cse_func(func: Func) -> None:
     """Run CSE on one function."""
-    mapping: dict[Value, Value] = {}
-    _cse_block(func.body, mapping)
-    if mapping:
-        func.replace_all_uses(mapping)
+    PatternRewriteWalker(MergeDuplicates()).rewrite_func(func)

@@ -5,8 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.ir import Block, Func, KernelOp, Module, ReturnOp, YieldOp
+from nfc.ir import Func, KernelOp, Module, Op
 from nfc.passmanager import Context, ModulePass
+from nfc.rewrite import PatternRewriteWalker, RewritePattern, Rewriter
+
+
+def is_dead(op: Op) -> bool:
+    """Whether removing `op` changes nothing: no result is read and it is no terminator.
+    Every op of the IR is pure, so that is all it takes."""
+    return not op.is_terminator and not any(r.has_uses for r in op.results)
+
+
+class RemoveDeadOps(RewritePattern):
+    """Erase a dead op; drop the unread results of a kernel that keeps some."""
+
+    def match_and_rewrite(self, op: Op, rewriter: Rewriter) -> None:
+        if is_dead(op):
+            rewriter.erase_op(op)
+        elif isinstance(op, KernelOp):
+            rewriter.erase_results(op, [n for n, r in enumerate(op.results) if not r.has_uses])
 
 
 @dataclass(frozen=True)
@@ -21,7 +38,9 @@ class DCE(ModulePass):
              nf.return %b : tensor<4xf32>
 
     Returns and yields always stay, and so do function arguments (the signature is kept).
-    Every op of the IR is pure, so a call without used results is removed as well.
+    Every op of the IR is pure, so a call without used results is removed as well. One walk
+    from the last op to the first (a kernel before its body) finds every dead op: the
+    readers of a value come after it.
     """
 
     name: ClassVar[str] = "dce"
@@ -34,38 +53,4 @@ class DCE(ModulePass):
 
 def dce_func(func: Func) -> None:
     """Remove dead ops from one function."""
-    live: set[int] = set()
-    _sweep(func.body, live)
-
-
-def _sweep(block: Block, live: set[int]) -> None:
-    """Walk `block` backwards: an op is kept when it is a terminator or one of its results is
-    live; the operands of kept ops become live. `live` holds ids of values read later."""
-    kept = []
-    for op in reversed(block.ops):
-        if isinstance(op, KernelOp):
-            if not _trim_kernel(op, live):
-                continue
-            _sweep(op.body, live)
-            live.update(id(v) for v in op.operands)
-        elif isinstance(op, ReturnOp) or any(id(r) in live for r in op.results):
-            live.update(id(v) for v in op.operands)
-        else:
-            continue
-        kept.append(op)
-    block.ops = kept[::-1]
-
-
-def _trim_kernel(op: KernelOp, live: set[int]) -> bool:
-    """Drop the kernel's unused results from its yield; False when none is used."""
-    term = op.body.ops[-1]
-    assert isinstance(term, YieldOp)
-    used = [n for n, r in enumerate(op.results) if id(r) in live]
-    if not used:
-        return False
-    if len(used) != len(op.results):
-        term.values = [term.values[n] for n in used]
-        op.results = [op.results[n] for n in used]
-        for n, r in enumerate(op.results):
-            r.index = n
-    return True
+    PatternRewriteWalker(RemoveDeadOps(), walk_reverse=True).rewrite_func(func)

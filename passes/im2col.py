@@ -35,23 +35,23 @@ from nfc.contraction import longest_run, match_contraction, plain_names
 from nfc.ir import (
     Axis,
     Binary,
-    Block,
     ComputeOp,
     Const,
     Expr,
     Func,
     Index,
-    KernelOp,
     Load,
     Module,
+    Op,
     Select,
     TensorType,
     index_names,
 )
 from nfc.passmanager import Context, ModulePass
+from nfc.rewrite import PatternRewriteWalker, RewritePattern, Rewriter
 from nfc.simplify import simplify
 
-__all__ = ["Im2Col", "im2col_compute", "im2col_func"]
+__all__ = ["GatherColumns", "Im2Col", "im2col_func", "im2col_split"]
 
 
 @dataclass(frozen=True)
@@ -75,22 +75,32 @@ class Im2Col(ModulePass):
 def im2col_func(func: Func, *, min_m: int = 4, min_k: int = 8,
                 max_elements: int = 1 << 26) -> int:
     """Rewrite the convolutions of `func` in place; returns how many were rewritten."""
-    return _block(func.body, min_m, min_k, max_elements)
+    pattern = GatherColumns(min_m, min_k, max_elements)
+    PatternRewriteWalker(pattern).rewrite_func(func)
+    return pattern.done
 
 
-def _block(block: Block, min_m: int, min_k: int, max_elements: int) -> int:
-    ops, done = [], 0
-    for op in block.ops:
-        if isinstance(op, KernelOp):
-            done += _block(op.body, min_m, min_k, max_elements)
-        elif isinstance(op, ComputeOp):
-            cols = im2col_compute(op, min_m=min_m, min_k=min_k, max_elements=max_elements)
-            if cols is not None:
-                ops.append(cols)
-                done += 1
-        ops.append(op)
-    block.ops = ops
-    return done
+@dataclass
+class GatherColumns(RewritePattern):
+    """Split a convolution into a column gather, placed before it, and a contraction over
+    the columns (`im2col_split`)."""
+
+    min_m: int = 4
+    min_k: int = 8
+    max_elements: int = 1 << 26
+    done: int = 0
+    """Convolutions rewritten so far."""
+
+    def match_and_rewrite(self, op: Op, rewriter: Rewriter) -> None:
+        if not isinstance(op, ComputeOp):
+            return
+        split = im2col_split(op, min_m=self.min_m, min_k=self.min_k,
+                             max_elements=self.max_elements)
+        if split is not None:
+            cols, body = split
+            rewriter.insert_op_before(cols, op)
+            rewriter.update(op, body=body)
+            self.done += 1
 
 
 def _gather_load(e: Expr) -> Load | None:
@@ -106,11 +116,11 @@ def _gather_load(e: Expr) -> Load | None:
     return None
 
 
-def im2col_compute(op: ComputeOp, *, min_m: int = 4, min_k: int = 8,
-                   max_elements: int = 1 << 26) -> ComputeOp | None:
-    """Split convolution `op` in place into a column gather (returned, to be placed before
-    `op`) and a contraction over the columns; None (and `op` unchanged) when `op` is not a
-    convolution the pass handles or it does not pay (module docstring)."""
+def im2col_split(op: ComputeOp, *, min_m: int = 4, min_k: int = 8,
+                 max_elements: int = 1 << 26) -> tuple[ComputeOp, Expr] | None:
+    """(the column gather, to be placed before `op`, and `op`'s new body, a contraction over
+    the columns) for convolution `op`; None when `op` is not a convolution the pass handles or
+    it does not pay (module docstring). `op` is left alone."""
     if op.reduce != "sum" or not op.raxes or not op.dims:
         return None
     ext = {a.name: a.extent for a in op.all_axes}
@@ -153,9 +163,7 @@ def im2col_compute(op: ComputeOp, *, min_m: int = 4, min_k: int = 8,
     col_load = Load(cols.result, tuple(Index(a) for a in cols_axes))
     new_body = Binary("*", col_load, weight) if gather is body.a else Binary(
         "*", weight, col_load)
-    old = op.body
-    op.body = new_body
-    if match_contraction(op) is None:  # cannot happen for the shapes above; stay safe
-        op.body = old
+    trial = ComputeOp(op.result.type, op.dims, new_body, reduce=op.reduce, raxes=op.raxes)
+    if match_contraction(trial) is None:  # cannot happen for the shapes above; stay safe
         return None
-    return cols
+    return cols, new_body

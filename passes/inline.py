@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from nfc.diagnostics import error
-from nfc.ir import Block, CallOp, Func, KernelOp, Module, Op, ReturnOp, Value
+from nfc.ir import CallOp, Func, Module, Op
 from nfc.passmanager import Context, ModulePass
+from nfc.rewrite import PatternRewriteWalker, RewritePattern, Rewriter
 
 #: Functions that are entry points even without an `nf.public` attribute.
 PUBLIC_NAMES = frozenset({"forward", "train_step", "eval"})
@@ -18,32 +18,6 @@ PUBLIC_NAMES = frozenset({"forward", "train_step", "eval"})
 def is_public(func: Func) -> bool:
     """Whether `func` is an entry point: `nf.public = true` or a conventional name."""
     return bool(func.attrs.get("nf.public")) or func.name in PUBLIC_NAMES
-
-
-def clone_op(op: Op, vmap: dict[Value, Value]) -> Op:
-    """A copy of `op` reading `vmap[v]` for every mapped `v`, with fresh results (recorded in
-    `vmap`); nested kernel bodies are copied too. Locations and attributes are kept."""
-    if isinstance(op, KernelOp):
-        body = Block([clone_op(inner, vmap) for inner in op.body.ops])
-        new: Op = KernelOp(body, loc=op.loc, attrs=dict(op.attrs),
-                           names=[r.name for r in op.results])
-    elif isinstance(op, ReturnOp):  # and YieldOp
-        new = type(op)([vmap.get(v, v) for v in op.values], loc=op.loc)
-    else:
-        # computes and calls hold only immutable data besides their results: a shallow copy
-        # with fresh results, then rewired, is a deep copy
-        new = copy.copy(op)
-        new.attrs = dict(op.attrs)
-        new.results = [Value(r.type, r.name, new, r.index) for r in op.results]
-        new.replace_uses(vmap)
-    for old, fresh in zip(op.results, new.results, strict=True):
-        vmap[old] = fresh
-    return new
-
-
-def clone_block(block: Block, vmap: dict[Value, Value]) -> Block:
-    """A copy of every op of `block` (see `clone_op`)."""
-    return Block([clone_op(op, vmap) for op in block.ops])
 
 
 @dataclass(frozen=True)
@@ -81,10 +55,7 @@ class Inline(ModulePass):
 
         def process(func: Func) -> None:
             state[func.name] = "active"
-            mapping: dict[Value, Value] = {}  # call result -> the value that replaces it
-            _inline_block(func.body, visit, inlined, mapping)
-            if mapping:
-                func.replace_all_uses(mapping)
+            PatternRewriteWalker(InlineCall(visit, inlined)).rewrite_func(func)
             state[func.name] = "done"
 
         def visit(call: CallOp) -> Func:
@@ -104,24 +75,22 @@ class Inline(ModulePass):
             module.funcs = [f for f in module.funcs if f.name not in inlined or is_public(f)]
 
 
-def _inline_block(block: Block, callee_of: Callable[[CallOp], Func], inlined: set[str],
-                  mapping: dict[Value, Value]) -> None:
-    ops: list[Op] = []
-    for op in block.ops:
-        for region in op.regions():
-            _inline_block(region, callee_of, inlined, mapping)
+class InlineCall(RewritePattern):
+    """Replace a call by copies of its callee's ops (the callee inlined first, by
+    `callee_of`); the copies keep their locations, or take the call's."""
+
+    def __init__(self, callee_of: Callable[[CallOp], Func], inlined: set[str]) -> None:
+        self.callee_of = callee_of
+        self.inlined = inlined
+
+    def match_and_rewrite(self, op: Op, rewriter: Rewriter) -> None:
         if not isinstance(op, CallOp):
-            ops.append(op)
-            continue
-        callee = callee_of(op)
-        # the copies read the call's arguments, already resolved through earlier inlining
-        vmap = {p: mapping.get(a, a) for p, a in zip(callee.args, op.args, strict=True)}
-        for inner in callee.body.ops[:-1]:
-            new = clone_op(inner, vmap)
+            return
+        callee = self.callee_of(op)
+        vmap = dict(zip(callee.args, op.args, strict=True))
+        copies = [inner.clone(vmap) for inner in callee.body.ops[:-1]]
+        for new in copies:
             if new.loc is None:
                 new.loc = op.loc
-            ops.append(new)
-        for r, v in zip(op.results, callee.ret.values, strict=True):
-            mapping[r] = vmap.get(v, v)
-        inlined.add(callee.name)
-    block.ops = ops
+        rewriter.replace_op(op, copies, [vmap.get(v, v) for v in callee.ret.values])
+        self.inlined.add(callee.name)

@@ -34,6 +34,7 @@ from nfc.ir import (
 from nfc.passes.autodiff import simp
 from nfc.passes.autodiff.exprgrad import ComputeGrad, Contribution, Problem, value_loads
 from nfc.printer import Namer
+from nfc.rewrite import Rewriter
 
 #: Attribute marking generated computes: "backward" (gradients) or "update" (optimizer).
 PHASE = "nf.phase"
@@ -218,15 +219,14 @@ def grad_func(func: Func, wrt_names: list[str], loss_index: int = 0,
 
     Handy for tests and for users who want gradients without an optimizer.
     """
-    from nfc.passes.autodiff.clone import clone_func
-
-    f = clone_func(func, name or f"{func.name}_grad")
+    f = func.clone(name or f"{func.name}_grad")
     loss = f.ret.values[loss_index]
     wrt = [f.arg(n) for n in wrt_names]
     ops, grads = reverse_mode(f, loss, wrt)
     ret = f.ret
-    f.body.ops[-1:-1] = ops
-    ret.values = [loss, *grads]
+    rewriter = Rewriter()
+    rewriter.insert_op_before(ops, ret)
+    rewriter.update(ret, values=[loss, *grads])
     f.attrs.pop("nf.results", None)
     f.attrs["nf.results"] = ["loss"] + [f"grad:{n}" for n in wrt_names]
     return f

@@ -27,9 +27,10 @@ from typing import Any
 
 from nfc.diagnostics import CompileError, error
 from nfc.ir import Func, Module, Value
-from nfc.passes.autodiff.clone import clone_func, remove_dead
 from nfc.passes.autodiff.graph import reverse_mode
 from nfc.passes.autodiff.optim import UpdateBuilder, parse_optimizer
+from nfc.passes.dce import dce_func
+from nfc.rewrite import Rewriter
 
 STATE_PREFIX = "state:"
 
@@ -65,7 +66,7 @@ def build_train_step(module: Module, forward: str = "forward",
                     f"{', '.join(repr(n) for n in names)}", fwd.loc)
     spec = parse_optimizer(module.attrs.get("nf.optimizer", {"name": "sgd", "lr": 0.01}),
                            fwd.loc)
-    f = clone_func(fwd, name)
+    f = fwd.clone(name)
     loss = f.ret.values[names.index(loss_name)]
     if not loss.dtype.is_float:
         raise error(f"the loss '{loss_name}' has type {loss.type}; it must be a float", fwd.loc)
@@ -79,7 +80,8 @@ def build_train_step(module: Module, forward: str = "forward",
     new_params = ub.run(params, grads, used)
 
     ret = f.ret
-    f.body.ops[-1:-1] = bwd_ops + upd_ops
+    rewriter = Rewriter()
+    rewriter.insert_op_before(bwd_ops + upd_ops, ret)
     results = list(ret.values)
     res_names = list(names)
     inplace: dict[str, str] = {}
@@ -101,10 +103,10 @@ def build_train_step(module: Module, forward: str = "forward",
         inplace[str(len(results))] = st.arg.name or ""
         results.append(st.new)
         res_names.append(f"opt_state:{st.arg.name}")
-    ret.values = results
+    rewriter.update(ret, values=results)
     f.attrs["nf.results"] = res_names
     f.attrs["nf.inplace"] = inplace
-    remove_dead(f)
+    dce_func(f)
     return f
 
 
@@ -118,12 +120,12 @@ def needs_separate_eval(forward: Func) -> bool:
 
 def eval_from_forward(forward: Func, name: str = "eval") -> Func:
     """A copy of `forward` without its state-update results."""
-    f = clone_func(forward, name)
+    f = forward.clone(name)
     names = _result_names(f)
     keep = [i for i, n in enumerate(names) if not n.startswith(STATE_PREFIX)]
-    f.ret.values = [f.ret.values[i] for i in keep]
+    Rewriter().update(f.ret, values=[f.ret.values[i] for i in keep])
     f.attrs["nf.results"] = [names[i] for i in keep]
-    remove_dead(f)
+    dce_func(f)
     return f
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Value, YieldOp
+from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Op, YieldOp
 from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
 from nfc.passes.fusion.cost import CostModel
 from nfc.passes.fusion.partition import Group, Options, Partitioner
 from nfc.passmanager import Context, ModulePass
+from nfc.rewrite import Rewriter
 
 __all__ = ["FUSION_ATTR", "Fuse", "fuse_func"]
 
@@ -100,26 +101,30 @@ def fuse_func(func: Func, model: CostModel, opts: Options | None = None) -> list
     part = Partitioner(func, model, opts or Options())
     part.run()
     ret = func.ret
-    new_ops = []
-    kernels: list[tuple[KernelOp, set[int]]] = []
-    mapping: dict[Value, Value] = {}
-    for g in part.ordered_groups():
+    rewriter = Rewriter()
+    kernels: list[KernelOp] = []
+    placed: set[Op] = {ret}
+    for g in part.ordered_groups():  # each group's op moves to the end, in this order
         if len(g.members) == 1:
-            new_ops.append(g.members[0])
-            continue
-        k = _kernel(part, g)
-        kernels.append((k, {id(r) for op in g.members for r in op.results}))
+            op = g.members[0]
+        else:
+            for member in g.members:
+                if member.parent is not None:
+                    rewriter.detach_op(member)
+            op = _kernel(part, g)
+            kernels.append(op)
+        if op.parent is None:
+            rewriter.insert_op_before(op, ret)
+        else:
+            rewriter.move_op_before(op, ret)
+        placed.add(op)
+    for op in [op for op in func.body.ops if op not in placed]:
+        rewriter.erase_op(op)  # in no group: unread
+    # readers outside a kernel read its results instead of its members' values
+    for k in kernels:
         for v, r in zip(k.body.ops[-1].operands, k.results, strict=True):
-            mapping[v] = r
-        new_ops.append(k)
-    own = {id(k): ids for k, ids in kernels}
-    for op in new_ops:
-        mine = own.get(id(op))
-        op.replace_uses(mapping if mine is None else
-                        {v: r for v, r in mapping.items() if id(v) not in mine})
-    ret.replace_uses(mapping)
-    func.body.ops = [*new_ops, ret]
-    return [k for k, _ in kernels]
+            rewriter.replace_uses_with_if(v, r, lambda op, body=k.body: op.parent is not body)
+    return kernels
 
 
 def _kernel(part: Partitioner, g: Group) -> KernelOp:

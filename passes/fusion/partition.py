@@ -438,8 +438,8 @@ class Partitioner:
             if not ga.members:
                 del self.groups[a]
             return [a, g]
-        clone = ComputeOp(p.result.type, p.dims, p.body, reduce=None, loc=p.loc,
-                          attrs={**p.attrs, "nf.recompute": True}, name=p.result.name)
+        clone = p.clone()
+        clone.attrs["nf.recompute"] = True
         readers = [op for op in gg.members if id(op) in self.users[id(p.result)]]
         for op in readers:
             op.replace_uses({p.result: clone.result})

@@ -23,9 +23,8 @@ def scalar_loss(func: Func, results: Sequence[int] | None = None) -> Func:
     Each cotangent `%ct<i>` is a new argument, so random cotangents check the full Jacobian
     product instead of only the sum of outputs.
     """
-    from nfc.passes.autodiff.clone import clone_func
 
-    f = clone_func(func, func.name + "_loss")
+    f = func.clone(func.name + "_loss")
     if results is None:
         results = [i for i, v in enumerate(f.ret.values) if v.dtype.is_float]
     dtype = f.ret.values[results[0]].dtype

@@ -116,8 +116,7 @@ def test_batch_norm_dropout_training_graph(rng):
     # running statistics: 0.9 * old + 0.1 * batch statistics of the conv output
     conv = module.func("forward")
     fargs = {a.name: args[a.name] for a in conv.args}
-    from nfc.passes.autodiff.clone import clone_func
-    probe = clone_func(conv, "probe")
+    probe = conv.clone("probe")
     mean_v = next(op.result for op in probe.body.ops if op.result.name == "mean")
     probe.ret.values = [mean_v]
     mean = run(probe, fargs)[0]

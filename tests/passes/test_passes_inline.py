@@ -24,7 +24,7 @@ from nfc.ir import (
     YieldOp,
 )
 from nfc.irparser import parse_module
-from nfc.passes.inline import Inline, clone_op, is_public
+from nfc.passes.inline import Inline, is_public
 from nfc.passmanager import Context
 from nfc.verifier import verify
 
@@ -179,7 +179,7 @@ def test_clone_op_copies_kernels_deeply() -> None:
     k = KernelOp(Block([c, YieldOp([c.result])]), attrs={"nf.s": 1}, names=["k"])
     b = Value(t, "b")
     vmap = {a: b}
-    k2 = clone_op(k, vmap)
+    k2 = k.clone(vmap)
     assert isinstance(k2, KernelOp) and k2 is not k and k2.attrs == k.attrs
     c2 = k2.body.ops[0]
     assert isinstance(c2, ComputeOp) and c2 is not c
