@@ -60,7 +60,8 @@ LABEL_ATTRS = frozenset({"nf.callsite", "nf.phase", "nf.fusion"})
 KEY_VERSION = "nfc-kernel-key-2"
 #: Modules whose source decides the code of a kernel (part of `codegen_fingerprint`).
 CODEGEN_MODULES = (
-    "nfc.ir", "nfc.affine", "nfc.codegen.cpu", "nfc.codegen.jit", "nfc.codegen.loops",
+    "nfc.ir", "nfc.ir.types", "nfc.ir.values", "nfc.ir.expr", "nfc.ir.ops", "nfc.ir.block",
+    "nfc.affine", "nfc.codegen.cpu", "nfc.codegen.jit", "nfc.codegen.loops",
     "nfc.codegen.lower", "nfc.codegen.lowering.axes", "nfc.codegen.lowering.tails",
     "nfc.codegen.lowering.packing", "nfc.codegen.lowering.reductions",
     "nfc.codegen.lowering.stage", "nfc.simplify", "nfc.simplify.rules", "nfc.simplify.pattern",
