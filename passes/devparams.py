@@ -2,8 +2,8 @@
 
 The `fuse` pass estimates `R = ΔT/P_d + ΔC/P_c + ΔK·L` for every candidate merge. The device
 enters only through the numbers here. Passes may not import the backend or the runtime
-(layering), so these are plain data with defaults for the project's machine class (2 vCPU
-Sapphire-Rapids-class Xeon, see TOOLCHAIN.md) and are given to the pass as options:
+(layering), so these are plain data with defaults of a 2-vCPU server core (the
+machine behind a run may be an AVX2-only or an AVX-512 CPU: measure it) and are given to the pass as options:
 
     nfc opt model.nf -p 'fuse{bandwidth-gbs=15,peak-gflops=80,region-us=2}'
 

@@ -1,7 +1,7 @@
 """Object code for an artifact's kernels, in this process and in worker processes at once.
 
 llvmlite serialises LLVM work behind one process-wide lock and building LLVM IR is Python, so
-using several cores takes several processes (TOOLCHAIN.md). Each kernel is compiled on its own
+using several cores takes several processes. Each kernel is compiled on its own
 (one LLVM module, one object: what the object cache stores). `compile_jobs` starts `workers`
 plain `python -c` subprocesses (not multiprocessing, which would re-import the caller's
 `__main__`), gives them the biggest kernels first, at most `DEPTH` at a time each, and compiles
@@ -222,6 +222,24 @@ def _add_times(stats: dict[str, Any], times: dict[str, float]) -> None:
         stats[k] = stats.get(k, 0.0) + float(v)
 
 
+def _take_reply(w: _Worker, reply: dict[str, Any], out: dict[str, bytes],
+                stats: dict[str, Any], here: Callable[[KernelJob], None]) -> None:
+    """A worker's answer for a job: its object code, or (on an error) the job compiled here,
+    so that a real error surfaces with its type."""
+    job = w.pending.pop(reply["symbol"])
+    w.cpu = max(w.cpu, float(reply.get("cpu", 0.0)))
+    if job.symbol in out:  # we took it back meanwhile
+        return
+    if "ok" in reply:
+        with open(reply["ok"], "rb") as f:
+            out[job.symbol] = f.read()
+        _add_times(stats, reply.get("times", {}))
+        stats["worker_jobs"] = stats.get("worker_jobs", 0) + 1
+    else:
+        stats.setdefault("worker_errors", []).append(reply.get("error"))
+        here(job)
+
+
 def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: list[_Worker],
          out: dict[str, bytes], stats: dict[str, Any]) -> None:
     queue = list(order)
@@ -240,18 +258,7 @@ def _run(order: list[KernelJob], local: Callable[[KernelJob], bytes], workers: l
         ready, _, _ = select.select(live, [], [], timeout)
         for w in ready:
             for reply in w.read_replies():
-                job = w.pending.pop(reply["symbol"])
-                w.cpu = max(w.cpu, float(reply.get("cpu", 0.0)))
-                if job.symbol in out:  # we took it back meanwhile
-                    continue
-                if "ok" in reply:
-                    with open(reply["ok"], "rb") as f:
-                        out[job.symbol] = f.read()
-                    _add_times(stats, reply.get("times", {}))
-                    stats["worker_jobs"] = stats.get("worker_jobs", 0) + 1
-                else:  # compile it here: a real error then surfaces with its type
-                    stats.setdefault("worker_errors", []).append(reply.get("error"))
-                    here(job)
+                _take_reply(w, reply, out, stats, here)
             if not w.alive:  # died: its jobs come back to us
                 for job in w.pending.values():
                     if job.symbol not in out:

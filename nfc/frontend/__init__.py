@@ -4,7 +4,7 @@
     module = compile_source(text, "mlp.nf", training=False)
     module = compile_op("nfc/std/nn.nf", "linear", [TensorType((4, 8), DType.F32), ...])
 
-A model becomes `nf.func @forward` (see /work/team/CONTRACT.md for roles and attributes); op
+A model becomes `nf.func @forward` (docs/ir.md lists its roles and attributes); op
 calls are inlined into `nf.compute` ops located in the op's own file. Every user mistake is a
 CompileError carrying all independent diagnostics of the file.
 """

@@ -1,7 +1,7 @@
 """The models `nfc bench` knows: each example `.nf` file, its twin in benchmarks/ (the key of
 `torch_models.TWINS` and `jax_models.MODELS`, when it has one) and the sizes benchmarked.
 
-The benchmark sizes are the models' own defaults (the shapes of issue 6) except where a note
+The benchmark sizes are the models' own defaults (the seed papers' shapes) except where a note
 says otherwise: `nfc bench --all` must finish in half an hour on a 2-core machine, which bounds
 the largest steps (CapsNet's primary capsule convolution alone is ~3 GFLOP per forward pass at
 batch 16). `--set batch=N` (or any model param) overrides them for a run.
