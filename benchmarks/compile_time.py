@@ -88,6 +88,9 @@ class _Timers:
 def _module(rb, path: str):  # noqa: ANN001, ANN202 - nfc.runtime.build, a Module
     """The module `nfc compile --no-tuning` builds: front end, pipeline, and the fuse pass
     when this nfc has it (unless NFC_CT_NO_FUSE is set)."""
+    if hasattr(rb, "pipeline_for"):  # one build pipeline, run by the pass manager
+        fuse = not os.environ.get("NFC_CT_NO_FUSE")
+        return rb.build_module(path, pipeline=rb.pipeline_for(path, tuning=False, fuse=fuse))[0]
     module = rb.model_module(path)
     rb.run_pipeline(module)
     fuse = getattr(rb, "FUSE_PIPELINE", None)
@@ -113,6 +116,12 @@ def _child_phases(path: str, out: str) -> None:
     T.wrap(train, "add_training_functions", "autodiff")
     T.wrap(train, "eval_from_forward", "autodiff")
     T.wrap(rb, "run_pipeline", "passes")
+    if hasattr(rb, "pipeline_for"):  # the build pipeline: each pass, and the verifier after it
+        import nfc.passmanager as pm
+
+        for p in pm.build_pipeline(rb.pipeline_for(path, tuning=False)):
+            T.wrap(type(p), "apply", "autodiff" if p.name == "training-functions" else "passes")
+        T.wrap(pm, "verify_module", "passes")
     T.wrap(jit, "lower", "lower")
     T.wrap(emitter, "emit_function", "emit")
     T.wrap(llvm, "parse_assembly", "llvm_opt")

@@ -32,9 +32,8 @@ def _artifact_steps(name: str, pipeline: str, settings: list[str]):
     from nfc.runtime.loader import load
     from nfc.runtime.train import model_io
 
-    # fusion (if any) is in `pipeline`: compile_model's own fuse step is turned off
-    built = compile_model(ROOT / "examples" / f"{name}.nf", pipeline=pipeline, tuning=False,
-                          fuse=False, settings=settings)
+    # `pipeline` is the whole build pipeline (no apply-tuning; fusion, if any, in it)
+    built = compile_model(ROOT / "examples" / f"{name}.nf", pipeline=pipeline, settings=settings)
     model = load(built.path)
     model.init(seed=0)
     fn = model.train_step
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from nfc.runtime.build import DEFAULT_PIPELINE
+    from nfc.runtime.build import CLEANUP_PIPELINE, MODEL_PIPELINE
 
     fuse = "fuse" + (f"{{{args.fuse_options}}}" if args.fuse_options else "")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.jit:
                 builds[label] = _jit_steps(name, extra)
             else:
-                pipe = DEFAULT_PIPELINE + ("," + extra if extra else "")
+                pipe = f"{MODEL_PIPELINE},{CLEANUP_PIPELINE}" + ("," + extra if extra else "")
                 builds[label] = _artifact_steps(name, pipe, args.settings)
         la, lb = builds["unfused"][3], builds["fused"][3]
         assert abs(la - lb) <= 1e-4 * max(1.0, abs(la)), f"{name}: losses differ {la} {lb}"

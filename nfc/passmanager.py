@@ -49,8 +49,8 @@ from nfc.verifier import verify as verify_module
 
 __all__ = [
     "PIPELINE_FILE", "REGISTRY", "Context", "ModulePass", "PassManager", "PassOption",
-    "PassRegistry", "PassSpec", "Timings", "available_passes", "build_pipeline", "get_pass",
-    "load_plugin", "parse_pipeline", "parse_pipeline_specs",
+    "PassRegistry", "PassSpec", "Timings", "available_passes", "build_pipeline",
+    "format_pipeline", "get_pass", "load_plugin", "parse_pipeline", "parse_pipeline_specs",
 ]
 
 #: The option types a pass may declare.
@@ -69,6 +69,9 @@ class Context:
     """Whether the pass manager verifies the module after each pass."""
     params: dict[str, int | float | bool] = field(default_factory=dict)
     """Model parameters given on the command line (`--set batch=32`)."""
+    remarks: dict[str, str] = field(default_factory=dict)
+    """One-line summaries passes leave for the driver to show, by pass name (`apply-tuning`
+    says which tuned schedules it used); not diagnostics, and they never stop a pipeline."""
 
     def error(self, message: str, loc: Loc | None = None, *notes: Diagnostic) -> None:
         """Report a user-facing error; the pipeline stops once the pass returns."""
@@ -226,6 +229,12 @@ def build_pipeline(text: str, registry: PassRegistry | None = None) -> list[Modu
     reg = registry or REGISTRY
     return [reg.get(s.name, s.loc).from_options(s.options, at=s.loc, option_locs=s.option_locs)
             for s in parse_pipeline_specs(text)]
+
+
+def format_pipeline(passes: Iterable[ModulePass]) -> str:
+    """The pipeline string of pass instances (`build_pipeline`'s inverse, each pass spelled by
+    `pipeline_text`): what `--print-pipeline` prints."""
+    return ",".join(p.pipeline_text() for p in passes)
 
 
 # ---------------------------------------------------------------------------------------------

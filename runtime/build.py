@@ -1,20 +1,26 @@
-"""From a model file to a loaded artifact: the pipeline behind `nfc compile` and `nfc train`.
+"""From a model file to a loaded artifact: the build behind `nfc compile`, `nfc train`,
+`nfc bench`, `nfc tune` and `compile_model`/`load_model`.
 
-    source (.nf)  --frontend (training and evaluation modes)-->  @forward, @eval
-                  --autodiff-->                                   + @train_step
-    source (.nfir) is taken as it is (already a module of IR functions)
-                  --DEFAULT_PIPELINE (inline, canonicalize, cse, dce)-->
-                  --tuned schedules (nf.schedule), then FUSE_PIPELINE (fuse)-->
+    source (.nf)  --frontend (training and evaluation modes)-->  @forward [, @eval]
+    source (.nfir) is parsed as it is (already a module of IR functions)
+                  --the build pipeline, run by the pass manager-->
+                      im2col,training-functions,inline,canonicalize,cse,dce,apply-tuning,fuse
                   --nfc.codegen.artifact-->  LLVM  --cc -shared-->  model.so
 
-Kernels take their tuned schedules from the tuning cache when `nfc tune` measured them on
-this machine (nfc.runtime.tuning: `apply_cached_schedules`; `tuning=False` skips it).
+Everything after the frontend is one pipeline string (`BUILD_PIPELINE`), so the tools see it:
+`--print-pipeline` prints the exact string a command will run (`pipeline_for`: the default,
+or `-p`, less the passes `--no-im2col`, `--no-tuning`, `--no-fuse` remove; a `.nfir` module
+skips the passes that build a model's functions), `-p` replaces it, `--print-ir-after-all` and
+`--time-passes` watch it, and the verifier runs after every pass. `nfc tune` runs the part
+before `apply-tuning` (`tune_pipeline_for`): the kernels it measures are the ones that pass
+looks up. Kernels take their tuned schedules from this machine's tuning cache in
+`apply-tuning` (nfc.runtime.tuning.apply_pass).
 
 `--set k=v` settings are model parameters (`batch=32`), or optimizer hyperparameters spelled
-`opt.<name>` (`opt.lr=0.01`, `opt.name=adam`). Built libraries are cached by the hash of the
-final IR, the target CPU and the build options (`NFC_CACHE_DIR`, default ~/.cache/nfc), so
-training the same model again skips LLVM; a cached library is checked before use and rebuilt
-when damaged (`build_library`).
+`opt.<name>` (`opt.lr=0.01`, `opt.name=adam`); nfc.settings parses them. Built libraries are
+cached by the hash of the final IR, the target CPU and the build options (`NFC_CACHE_DIR`,
+default ~/.cache/nfc), so training the same model again skips LLVM; a cached library is
+checked before use and rebuilt when damaged (`build_library`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import contextlib
 import hashlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,111 +38,143 @@ from typing import Any
 from nfc import __version__
 from nfc.fsutil import private_dir, remove_stale_temporaries
 from nfc.ir import Module
-from nfc.verifier import verify
+from nfc.settings import SettingError, apply_optimizer, parse_settings, parse_value
 
-DEFAULT_PIPELINE = "inline,canonicalize,cse,dce"
-#: Run after the tuned schedules are attached (so computes grouped into kernels keep theirs);
-#: `--no-fuse` skips it.
+__all__ = [
+    "BUILD_PIPELINE", "CLEANUP_PIPELINE", "DEFAULT_PIPELINE", "FUSE_PIPELINE", "MODEL_PIPELINE",
+    "Built", "SettingError", "apply_tuning", "build_library", "build_module",
+    "check_model_source", "compile_model", "frontend_module", "load_model", "model_module",
+    "module_key", "parse_settings", "parse_value", "pipeline_for", "run_pipeline",
+    "tune_pipeline_for",
+]
+
+#: The passes that make a model's functions from the frontend's `@forward`: convolution
+#: windows gathered into columns before autodiff (so the gradients are GEMMs as well), then
+#: `@train_step` and `@eval`. Run on `.nf` models only: a `.nfir` module is taken as it is.
+MODEL_PIPELINE = "im2col,training-functions"
+#: The cleanup every module goes through.
+CLEANUP_PIPELINE = "inline,canonicalize,cse,dce"
+#: The name older callers use for the cleanup (`run_pipeline`'s default).
+DEFAULT_PIPELINE = CLEANUP_PIPELINE
+#: Run after the tuned schedules are attached, so computes grouped into kernels keep theirs.
 FUSE_PIPELINE = "fuse"
+#: The build pipeline of a `.nf` model: what `nfc compile`, `nfc train`, `nfc bench` and the
+#: Python API run on the frontend's module (`nfc compile --print-pipeline` prints it).
+BUILD_PIPELINE = f"{MODEL_PIPELINE},{CLEANUP_PIPELINE},apply-tuning,{FUSE_PIPELINE}"
+#: The pass each build flag turns off (`--no-im2col`, `--no-tuning`, `--no-fuse`).
+FLAG_PASSES = {"im2col": "im2col", "tuning": "apply-tuning", "fuse": "fuse"}
 
 
-class SettingError(ValueError):
-    """A malformed `--set` item."""
+def _is_ir_file(source: str | Path) -> bool:
+    return Path(source).suffix == ".nfir"
 
 
-def parse_value(text: str) -> int | float | bool | str:
-    """`true`/`false`, an int, a float, else the text itself."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text.strip()
+def pipeline_for(source: str | Path, pipeline: str | None = None, *, im2col: bool = True,
+                 tuning: bool = True, fuse: bool = True) -> str:
+    """The exact pipeline the build of `source` runs, as a pipeline string: `pipeline` (`-p`)
+    or by default `BUILD_PIPELINE` (without `MODEL_PIPELINE`'s passes for a `.nfir` module),
+    less every pass a flag turns off (`im2col=False` removes `im2col`, `tuning=False`
+    `apply-tuning`, `fuse=False` `fuse`). Every pass is looked up and its options parsed, so a
+    bad `-p` is a located CompileError before any work; the text is the passes' own spelling
+    (options that differ from their defaults)."""
+    from nfc.passmanager import build_pipeline, format_pipeline
+
+    drop = {FLAG_PASSES[flag] for flag, on in (("im2col", im2col), ("tuning", tuning),
+                                                ("fuse", fuse)) if not on}
+    if pipeline is None and _is_ir_file(source):
+        drop.update(MODEL_PIPELINE.split(","))
+    text = BUILD_PIPELINE if pipeline is None else pipeline
+    return format_pipeline([p for p in build_pipeline(text) if p.name not in drop])
 
 
-def parse_settings(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(model parameters, optimizer overrides) from `k=v` strings (see the module doc)."""
-    params: dict[str, Any] = {}
-    opt: dict[str, Any] = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise SettingError(f"--set expects key=value, got '{item}'")
-        value = parse_value(val)
-        if key.startswith("opt."):
-            opt[key[4:]] = value
-        else:
-            if isinstance(value, str):
-                raise SettingError(f"model parameter '{key}' must be a number or a bool, "
-                                   f"got '{val}'")
-            params[key] = value
-    return params, opt
+def tune_pipeline_for(source: str | Path, pipeline: str | None = None, *,
+                      im2col: bool = True) -> str:
+    """The pipeline `nfc tune` runs: the build pipeline (`pipeline_for`) up to its first
+    `apply-tuning`, so the kernels measured are the ones that pass looks up (all of it when it
+    has no `apply-tuning`)."""
+    from nfc.passmanager import build_pipeline, format_pipeline
+
+    passes = build_pipeline(pipeline_for(source, pipeline, im2col=im2col))
+    names = [p.name for p in passes]
+    if FLAG_PASSES["tuning"] in names:
+        passes = passes[:names.index(FLAG_PASSES["tuning"])]
+    return format_pipeline(passes)
 
 
-def _apply_optimizer(module: Module, overrides: Mapping[str, Any]) -> None:
-    if not overrides:
-        return
-    cur = module.attrs.get("nf.optimizer")
-    new = dict(cur) if isinstance(cur, dict) else {"name": "sgd"}
-    if "name" in overrides and overrides["name"] != new.get("name"):
-        new = {"name": overrides["name"]}  # another optimizer: its own defaults
-    for k, v in overrides.items():
-        new[k] = float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-    module.attrs["nf.optimizer"] = new
+def frontend_module(path: str | Path, params: Mapping[str, Any] | None = None,
+                    optimizer: Mapping[str, Any] | None = None) -> Module:
+    """The frontend's module of a `.nf` model (`@forward` in training mode, and `@eval`
+    compiled with `training` false when the forward draws random numbers or updates state),
+    or the parsed module of a `.nfir` file; the `opt.<name>` settings applied to its
+    optimizer. The build pipeline starts from here."""
+    p = Path(path)
+    if _is_ir_file(p):
+        from nfc.irparser import parse_module
+
+        module = parse_module(p.read_text(encoding="utf-8"), str(p))
+        apply_optimizer(module, optimizer or {})
+        return module
+    from nfc.frontend import compile_file
+    from nfc.passes.autodiff.train import eval_from_forward, needs_separate_eval
+
+    module = compile_file(p, params=dict(params or {}), training=True, require_model=True)
+    apply_optimizer(module, optimizer or {})
+    if module.has_func("forward") and needs_separate_eval(module.func("forward")):
+        ev = compile_file(p, params=dict(params or {}), training=False)
+        module.funcs.append(eval_from_forward(ev.func("forward")))
+    return module
 
 
 def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
                  optimizer: Mapping[str, Any] | None = None, *, im2col: bool = True) -> Module:
     """The module of a `.nf` model with @forward, @eval and (when it minimizes a loss)
-    @train_step; or the parsed module of a `.nfir` file. `im2col`: gather convolution windows
-    into columns before autodiff (nfc.passes.im2col), so convolutions and their gradients run
-    as GEMMs."""
-    p = Path(path)
-    if p.suffix == ".nfir":
-        from nfc.irparser import parse_module
-
-        module = parse_module(p.read_text(encoding="utf-8"), str(p))
-        _apply_optimizer(module, optimizer or {})
-        return module
-    from nfc.frontend import compile_file
-    from nfc.passes.autodiff.train import (
-        add_training_functions,
-        eval_from_forward,
-        needs_separate_eval,
-    )
-
-    module = compile_file(p, params=dict(params or {}), training=True, require_model=True)
-    _apply_optimizer(module, optimizer or {})
-    if not module.has_func("forward"):
-        return module
-    if needs_separate_eval(module.func("forward")):
-        ev = compile_file(p, params=dict(params or {}), training=False)
-        module.funcs.append(eval_from_forward(ev.func("forward")))
-    if im2col:  # before autodiff: the gradients of a convolution become GEMMs as well
-        from nfc.passes.im2col import im2col_func
-
-        for func in module.funcs:
-            im2col_func(func)
-    if module.attrs.get("nf.loss") is not None and module.attrs.get("nf.optimizer") is not None:
-        add_training_functions(module)
-    elif not module.has_func("eval"):
-        module.funcs.append(eval_from_forward(module.func("forward")))
+    @train_step: the frontend, then `MODEL_PIPELINE` (without `im2col` when `im2col` is
+    False); or the parsed module of a `.nfir` file."""
+    module = frontend_module(path, params, optimizer)
+    if not _is_ir_file(path):
+        run_pipeline(module, MODEL_PIPELINE if im2col else "training-functions")
     return module
 
 
-def run_pipeline(module: Module, pipeline: str = DEFAULT_PIPELINE) -> Module:
-    """Run the pass pipeline (text, `a,b{k=v}`) on `module` in place."""
+def run_pipeline(module: Module, pipeline: str = DEFAULT_PIPELINE, *,
+                 verify: bool = True) -> Module:
+    """Run the pass pipeline (text, `a,b{k=v}`) on `module` in place, verifying after every
+    pass (unless `verify` is False: then once at the end)."""
     if not pipeline.strip():
         return module
     from nfc.passmanager import PassManager, build_pipeline
+    from nfc.verifier import verify as verify_module
 
-    PassManager(build_pipeline(pipeline), verify=False).run(module)
-    verify(module)
+    PassManager(build_pipeline(pipeline), verify=verify).run(module)
+    if not verify:
+        verify_module(module)
     return module
+
+
+def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
+                 optimizer: Mapping[str, Any] | None = None, pipeline: str | None = None, *,
+                 verify: bool = True, print_ir_after: bool | Collection[str] = (),
+                 timings: Any = None, stream: Any = None) -> tuple[Module, Any]:
+    """The module of the model file `source` through the build pipeline, and the pass
+    manager's Context (`ctx.remarks["apply-tuning"]`: the tuned schedules used).
+
+    `pipeline` is the exact text to run (from `pipeline_for`; None: its default for the
+    source). The pipeline is checked before the frontend runs; the pass manager verifies the
+    module after every pass (unless `verify` is False), prints the IR after the passes
+    `print_ir_after` names (True: all) to `stream` (stderr), and adds the frontend's and each
+    pass's time to `timings` (a nfc.passmanager.Timings) when given."""
+    from nfc.passmanager import Context, PassManager, Timings, build_pipeline
+
+    passes = build_pipeline(pipeline_for(source) if pipeline is None else pipeline)
+    timings = timings if timings is not None else Timings()
+    t0 = time.perf_counter()
+    module = frontend_module(source, params, optimizer)
+    timings.add("parse" if _is_ir_file(source) else "frontend", time.perf_counter() - t0)
+    ctx = Context(verify=verify, params=dict(params or {}))
+    pm = PassManager(passes, verify=verify, print_ir_after=print_ir_after, stream=stream)
+    pm.timings = timings
+    pm.run(module, ctx)
+    return module, ctx
 
 
 def _cache_dir() -> Path:
@@ -187,6 +226,8 @@ class Built:
     cached: bool = False
     tuning: str = ""
     """One line on the tuned schedules used (empty when the cache was not consulted)."""
+    pipeline: str = ""
+    """The pipeline that built the module (set by `compile_model`)."""
 
 
 def build_library(module: Module, output: str | None = None, *, profile: bool = False,
@@ -255,28 +296,42 @@ def _cached_library(path: Path) -> bytes | None:
 
 
 def apply_tuning(module: Module) -> str:
-    """Give kernels their tuned schedules from this machine's tuning cache (as `nf.schedule`
-    attributes); returns a one-line summary."""
-    from nfc.runtime.tuning.kernels import apply_cached_schedules
+    """Run the `apply-tuning` pass alone: kernels take their tuned schedules from this
+    machine's tuning cache (as `nf.schedule` attributes); returns its one-line summary."""
+    from nfc.passmanager import Context, PassManager, build_pipeline
 
-    return apply_cached_schedules(module).message()
+    ctx = Context()
+    PassManager(build_pipeline(FLAG_PASSES["tuning"])).run(module, ctx)
+    return ctx.remarks.get(FLAG_PASSES["tuning"], "")
 
 
 def compile_model(source: str | Path, output: str | None = None, *,
-                  settings: Sequence[str] = (), pipeline: str = DEFAULT_PIPELINE,
+                  settings: Sequence[str] = (), pipeline: str | None = None,
                   profile: bool = False, use_cache: bool = True, tuning: bool = True,
-                  fuse: bool = True, im2col: bool = True) -> Built:
-    """Front end, im2col (unless False), autodiff, pipeline, tuned schedules, fusion (unless
-    `fuse` is False) and artifact for the model file `source`."""
+                  fuse: bool = True, im2col: bool = True, verify: bool = True,
+                  print_ir_after: bool | Collection[str] = (),
+                  time_passes: bool = False) -> Built:
+    """The frontend, the build pipeline and the artifact for the model file `source`.
+
+    The pipeline is `pipeline_for(source, pipeline, im2col=, tuning=, fuse=)`: the default
+    build pipeline, or `pipeline` (the whole of it, as `-p`), less the passes the flags turn
+    off. `verify`, `print_ir_after` are the pass manager's; `time_passes` prints the time of
+    the frontend, each pass and codegen to stderr at the end."""
+    from nfc.passmanager import Timings
+
     check_model_source(source)
     params, opt = parse_settings(settings)
-    module = model_module(source, params, opt, im2col=im2col)
-    run_pipeline(module, pipeline)
-    note = apply_tuning(module) if tuning else ""
-    if fuse:
-        run_pipeline(module, FUSE_PIPELINE)
+    text = pipeline_for(source, pipeline, im2col=im2col, tuning=tuning, fuse=fuse)
+    timings = Timings()
+    module, ctx = build_module(source, params, opt, text, verify=verify,
+                               print_ir_after=print_ir_after, timings=timings)
+    t0 = time.perf_counter()
     built = build_library(module, output, profile=profile, use_cache=use_cache)
-    built.tuning = note
+    timings.add("codegen" + (" (cached)" if built.cached else ""), time.perf_counter() - t0)
+    built.tuning = ctx.remarks.get(FLAG_PASSES["tuning"], "")
+    built.pipeline = text
+    if time_passes:
+        print(timings.report(), file=sys.stderr)
     return built
 
 
@@ -303,10 +358,11 @@ def check_model_source(source: str | Path) -> None:
 
 
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
-               use_cache: bool = True, pipeline: str = DEFAULT_PIPELINE, tuning: bool = True,
+               use_cache: bool = True, pipeline: str | None = None, tuning: bool = True,
                log: Any = None, fuse: bool = True, im2col: bool = True):  # -> Model
-    """A loaded model from a `.so` (settings must be empty) or a model file (compiled;
-    `log(line)` hears which tuned schedules were used)."""
+    """A loaded model from a `.so` (settings must be empty) or a model file (compiled by
+    `compile_model` with these options; `log(line)` hears which tuned schedules were
+    used)."""
     from nfc.codegen.artifact.container import is_library_path
     from nfc.runtime.loader import load
 

@@ -73,6 +73,15 @@ class TrainConfig:
     """Group computes into kernels (the fuse pass) when compiling a model file."""
     im2col: bool = True
     """Gather convolution windows into columns (the im2col pass) when compiling."""
+    pipeline: str | None = None
+    """The whole pipeline run after the frontend when compiling (`-p`); None: the build
+    pipeline (nfc.runtime.build.pipeline_for, which the three flags above edit)."""
+    verify: bool = True
+    """Verify the module after every pass of the pipeline."""
+    print_ir_after: bool | tuple[str, ...] = ()
+    """Passes after which the IR is printed to stderr (True: every pass)."""
+    time_passes: bool = False
+    """Print the time of the frontend, each pass and codegen to stderr."""
     keep: int = 3
     evaluate: bool = True
     """Evaluate on the test split after every epoch (and at the end)."""
@@ -265,7 +274,9 @@ def _open_model(cfg: TrainConfig) -> _Opened:
             settings.append(f"opt.lr={cfg.lr}")
         built = compile_model(cfg.source, settings=settings, profile=cfg.profile,
                               use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse,
-                              im2col=cfg.im2col)
+                              im2col=cfg.im2col, pipeline=cfg.pipeline, verify=cfg.verify,
+                              print_ir_after=cfg.print_ir_after,
+                              time_passes=cfg.time_passes)
         if cfg.progress and built.tuning:
             cfg.log(f"nfc: {built.tuning}")
         model = load(built.path)

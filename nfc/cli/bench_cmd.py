@@ -7,8 +7,9 @@
     nfc bench resnet18 --profile                       # plus nfc's slowest kernels
 
 One step is forward, loss, backward and the optimizer update on a batch resident in memory.
-Every case runs in a fresh process, one after another: nfc's library (compiled cold, with
-any tuned schedules from the tuning cache) and the baselines in benchmarks/run_baseline.py,
+Every case runs in a fresh process, one after another: nfc's library (compiled cold by the
+build pipeline of `nfc compile`, tuned schedules and fusion included: --print-pipeline shows
+it, -p and the --no-* flags change it) and the baselines in benchmarks/run_baseline.py,
 all from nfc's initial parameters and the same inputs. After warm-up the median of single
 steps over at least --min-time seconds counts. The table gives each time, its ratio to nfc's,
 the cold compile time and the peak RSS of each process; --json writes one line per case.
@@ -23,8 +24,9 @@ import sys
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags
 
-#: Minutes `nfc bench --all` may take (issue 6: under half an hour on the 2-core machine).
+#: Minutes `nfc bench --all` may take (under half an hour on a 2-core machine).
 ALL_BUDGET_MIN = 29
 
 
@@ -64,6 +66,7 @@ def add_parser(subparsers: Any) -> None:
                    help="print the tables of an earlier run's --json file (runs nothing)")
     p.add_argument("--markdown", action="store_true",
                    help="with --report: the step-time table in Markdown")
+    add_build_pipeline_arguments(p, pass_manager=False)
     p.set_defaults(func=run)
 
 
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     """Benchmark and print the tables."""
     from nfc.runtime.bench.driver import FRAMEWORKS, BenchOptions, Runner, estimate_seconds
     from nfc.runtime.bench.models import MODELS, UnknownModel, resolve
+    from nfc.runtime.bench.worker import case_pipeline
     from nfc.runtime.build import SettingError, parse_settings
 
     if args.report:
@@ -120,7 +124,13 @@ def run(args: argparse.Namespace) -> int:
         quick=quick, settings=params, seed=args.seed, profile=args.profile,
         timeout=args.timeout if args.timeout is not None else (300.0 if quick else 900.0),
         budget=budget * 60 if budget is not None and budget > 0 else None,
-        defer=bool(budget), work_dir=args.keep)
+        defer=bool(budget), work_dir=args.keep, pipeline=args.pipeline, **build_flags(args))
+    # nfc's pipeline, as its compile worker will build each model (a bad -p fails here)
+    pipelines = [case_pipeline({"source": str(m.file), **opts.pipeline_spec()})
+                 for m in opts.models]
+    if args.print_pipeline:
+        print("\n".join(dict.fromkeys(pipelines)))
+        return 0
     n_cases = len(opts.models) * len(opts.threads) * len(opts.frameworks)
     est = estimate_seconds(opts)
     print(f"nfc bench: {len(opts.models)} model(s), {n_cases} cases "

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_pass_manager_arguments, pass_manager_options
 
 #: What `--split-input-file` splits on (the whole line; `#` in .nf files).
 SPLIT_RE = re.compile(r"^[ \t]*(?://|#) -----[ \t]*$", re.MULTILINE)
@@ -42,23 +43,17 @@ def add_parser(subparsers: Any) -> None:
                    help="append a pass (with options: 'name{k=v}'); repeatable")
     p.add_argument("-o", "--output", default="-", metavar="OUT",
                    help="write the IR here (default: stdout)")
-    p.add_argument("--print-ir-after-all", action="store_true",
-                   help="print the IR to stderr after every pass")
-    p.add_argument("--print-ir-after", action="append", default=[], metavar="NAME",
-                   help="print the IR to stderr after each run of this pass; repeatable")
-    p.add_argument("--time-passes", action="store_true",
-                   help="print a table of the time spent in each phase to stderr")
+    add_pass_manager_arguments(p)
     p.add_argument("--verify-diagnostics", action="store_true",
                    help="check the diagnostics against expected-error comments in the file")
     p.add_argument("--split-input-file", action="store_true",
                    help="treat each '// -----' separated chunk as its own input")
     p.add_argument("--no-locs", action="store_true", help="print the IR without locations")
-    p.add_argument("--no-verify", action="store_true",
-                   help="do not run the verifier (debugging broken passes)")
     p.add_argument("--load-plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="load an unregistered pass class (MODULE may be a .py path)")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a model parameter of a .nf input; repeatable")
+                   help="override a model parameter of a .nf input, or opt.<name> of its "
+                        "optimizer; repeatable")
     p.add_argument("--inference", action="store_true",
                    help="compile a .nf input with `training` false")
     p.add_argument("--eval", action="store_true",
@@ -71,28 +66,21 @@ def add_parser(subparsers: Any) -> None:
 # input
 
 
+def parse_settings(items: list[str]) -> tuple[dict[str, int | float | bool], dict[str, Any]]:
+    """(model parameters, optimizer overrides) of `--set` items, by nfc.settings (the parser
+    of every command's `--set`); a malformed item is a usage error."""
+    from nfc.settings import SettingError, parse_settings
+
+    try:
+        return parse_settings(items)
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def parse_params(items: list[str]) -> dict[str, int | float | bool]:
-    """`["batch=32", "lr=0.1", "bias=true"]` -> typed values."""
-    out: dict[str, int | float | bool] = {}
-    for item in items:
-        name, eq, text = item.partition("=")
-        if not eq or not name.strip():
-            raise UsageError(f"--set wants NAME=VALUE, got '{item}'")
-        text = text.strip()
-        value: int | float | bool
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            try:
-                value = int(text)
-            except ValueError:
-                try:
-                    value = float(text)
-                except ValueError:
-                    raise UsageError(f"--set {name}: expected a number or true/false, got "
-                                     f"'{text}'") from None
-        out[name.strip()] = value
-    return out
+    """`["batch=32", "lr=0.1", "bias=true"]` -> typed values (the model parameters of
+    `parse_settings`)."""
+    return parse_settings(items)[0]
 
 
 def read_input(path: str) -> tuple[str, str]:
@@ -293,6 +281,8 @@ class _Run:
     args: argparse.Namespace
     pipeline: str
     params: dict[str, int | float | bool]
+    optimizer: dict[str, Any]
+    """`--set opt.<name>=...` overrides, applied to the input module's `nf.optimizer`."""
     timings: Any
     outputs: list[str] = field(default_factory=list)
     failed: bool = False
@@ -307,22 +297,23 @@ def _process(state: _Run, text: str, filename: str) -> tuple[str | None, list[An
     from nfc.diagnostics import CompileError
     from nfc.passmanager import Context, PassManager, build_pipeline
     from nfc.printer import print_module
+    from nfc.settings import apply_optimizer
 
     args = state.args
-    ctx = Context(verify=not args.no_verify, params=dict(state.params))
+    options = pass_manager_options(args)
+    ctx = Context(verify=options["verify"], params=dict(state.params))
     try:
         passes = build_pipeline(state.pipeline)  # per chunk: its errors may be expected
         t0 = time.perf_counter()
         module = load_module(text, filename, params=state.params, training=not args.inference)
+        apply_optimizer(module, state.optimizer)
         state.timings.add("parse" if is_ir(text, filename) else "frontend",
                           time.perf_counter() - t0)
         before = None
         if args.eval:
             from nfc.irparser import parse_module
             before = parse_module(print_module(module), "<eval>")
-        pm = PassManager(passes, verify=not args.no_verify,
-                         print_ir_after=True if args.print_ir_after_all else args.print_ir_after,
-                         locs=not args.no_locs)
+        pm = PassManager(passes, **options, locs=not args.no_locs)
         pm.timings = state.timings
         pm.run(module, ctx)
         if before is not None:
@@ -345,11 +336,8 @@ def run(args: argparse.Namespace) -> int:
 
     for spec in args.load_plugin:
         REGISTRY.load_plugin(spec)
-    for name in args.print_ir_after:
-        if name not in REGISTRY.names():
-            raise UsageError(f"--print-ir-after: unknown pass '{name}' (known passes: "
-                             f"{', '.join(REGISTRY.names())})")
-    state = _Run(args, _pipeline_text(args), parse_params(args.params), Timings())
+    pass_manager_options(args)  # a bad --print-ir-after is a usage error before any work
+    state = _Run(args, _pipeline_text(args), *parse_settings(args.params), Timings())
     if not args.verify_diagnostics:
         build_pipeline(state.pipeline)  # a bad pipeline is one error, not one per chunk
     text, filename = read_input(args.file)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags, pass_manager_options
 
 #: `--epochs` when only `--max-steps` bounds the run: the steps end it first.
 UNTIL_MAX_STEPS = 1 << 30
@@ -73,23 +74,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--step-delay", type=float, default=0.0, metavar="SEC",
                    help="sleep after each step (testing interruption, demos)")
     p.add_argument("--no-cache", action="store_true", help="always rebuild the library")
-    p.add_argument("--no-tuning", action="store_true",
-                   help="ignore tuned schedules of the tuning cache (nfc tune)")
-    p.add_argument("--no-fuse", action="store_true",
-                   help="one kernel per compute: skip the fuse pass")
-    p.add_argument("--no-im2col", action="store_true",
-                   help="keep convolutions as loop nests: skip the im2col pass (less memory)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--no-eval", action="store_true",
                    help="skip the test-split evaluation after each epoch (short runs)")
     p.add_argument("--compare-torch", action="store_true",
                    help="time the same step in PyTorch eager, when installed")
+    add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Train and print a summary."""
-    from nfc.runtime.build import SettingError
+    from nfc.runtime.build import SettingError, pipeline_for
     from nfc.runtime.checkpoint import CheckpointError
     from nfc.runtime.data import DataError
     from nfc.runtime.loader import ArtifactError
@@ -100,6 +96,18 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     epochs = args.epochs or (UNTIL_MAX_STEPS if args.max_steps else 1)
+    flags = build_flags(args)
+    pm_options = pass_manager_options(args)
+    if args.print_pipeline or args.pipeline is not None:
+        from nfc.codegen.artifact.container import is_library_path
+
+        if is_library_path(args.file):
+            raise UsageError(f"'{args.file}' is already compiled: no pipeline runs "
+                             "(-p and --print-pipeline apply to model files)")
+        pipeline = pipeline_for(args.file, args.pipeline, **flags)  # a bad -p fails here
+        if args.print_pipeline:
+            print(pipeline)
+            return 0
     if args.every < 0:
         raise UsageError("--every must be >= 0")
     if args.keep < 0:
@@ -113,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile, trace=(args.trace or "nfc-trace.json") if args.profile else None,
         threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
-        tuning=not args.no_tuning, fuse=not args.no_fuse, im2col=not args.no_im2col,
+        pipeline=args.pipeline, **flags, **pm_options, time_passes=args.time_passes,
         evaluate=not args.no_eval)
     try:
         with _sleeping_omp_threads():

@@ -12,6 +12,10 @@ FLOP/byte counts); identical kernels (one layer in two models, the steps of an u
 are tuned once. Every measurement is committed at once: stopping (Ctrl-C, even kill -9) loses
 at most the candidate in flight, and rerunning the same command continues where it stopped
 without measuring anything twice. See docs/tuning-cache.md.
+
+The kernels are those of the build pipeline up to `apply-tuning`, the pass that later gives
+them their schedules (`--print-pipeline` shows it; `-p` and `--no-im2col` change it as they
+change `nfc compile`'s, and must match the build that is to use the results).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_build_pipeline_arguments, pass_manager_options
 
 
 def add_parser(subparsers: Any) -> None:
@@ -70,12 +75,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--plot", metavar="TUNE.png",
                    help="plot best speedup so far against trials (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_build_pipeline_arguments(p, flags=("im2col",))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Tune, print the report; exit 130 when interrupted (the results so far are kept)."""
-    from nfc.runtime.build import SettingError
+    from nfc.passmanager import Timings
+    from nfc.runtime.build import SettingError, tune_pipeline_for
     from nfc.runtime.tuning.cache import TuningCache
     from nfc.runtime.tuning.driver import TuneOptions, build_model, tune_module
     from nfc.runtime.tuning.measure import MeasureOptions
@@ -108,10 +115,19 @@ def run(args: argparse.Namespace) -> int:
         order=args.order, measure=MeasureOptions(timeout=args.timeout),
         functions=tuple(args.functions), compare_step=args.compare_step,
         confirm=args.confirm)
+    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col)
+    pm_options = pass_manager_options(args)
+    if args.print_pipeline:
+        print(pipeline)
+        return 0
+    timings = Timings()
     try:
-        module = build_model(src, args.settings)
+        module = build_model(src, args.settings, pipeline, im2col=not args.no_im2col,
+                             timings=timings, **pm_options)
     except SettingError as exc:
         raise UsageError(str(exc)) from None
+    if args.time_passes:
+        print(timings.report(), file=sys.stderr)
     missing = [f for f in args.functions if not module.has_func(f)]
     if missing:
         have = ", ".join(f.name for f in module.funcs)

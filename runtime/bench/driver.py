@@ -76,6 +76,20 @@ class BenchOptions:
     work_dir: str | None = None
     """Where libraries and case files go (default: a temporary directory, removed after)."""
     python: str = sys.executable
+    pipeline: str | None = None
+    """nfc's pipeline after the frontend (`-p`); None: the build pipeline of `nfc compile`."""
+    im2col: bool = True
+    """nfc builds with the im2col pass (`--no-im2col` removes it)."""
+    tuning: bool = True
+    """nfc's kernels take tuned schedules from the tuning cache (`--no-tuning`)."""
+    fuse: bool = True
+    """nfc builds with the fuse pass (`--no-fuse` removes it)."""
+
+    def pipeline_spec(self) -> dict[str, Any]:
+        """The part of a compile worker's spec that chooses its pipeline
+        (nfc.runtime.bench.worker.case_pipeline)."""
+        return {"pipeline": self.pipeline, "im2col": self.im2col, "tuned": self.tuning,
+                "fuse": self.fuse}
 
 
 def available(framework: str) -> str | None:
@@ -189,7 +203,8 @@ class Runner:
         spec = {"source": str(m.file), "settings": [f"{k}={v}" for k, v in params.items()],
                 "out": str(work / m.name), "seed": self.opts.seed,
                 "int_bounds": {k: list(v) for k, v in m.int_bounds.items()},
-                "use_cache": self.opts.quick, "profile": self.opts.profile}
+                "use_cache": self.opts.quick, "profile": self.opts.profile,
+                **self.opts.pipeline_spec()}
         self.log(f"[{_mmss(time.monotonic() - self.start)}] {m.name}: compiling with nfc "
                  f"({', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults'})")
         # a cold compile: no per-kernel object cache either (--quick may use both caches)
@@ -281,7 +296,8 @@ class Runner:
         rec.update(compile_s=comp["compile_s"], compile_kind=comp["compile_kind"],
                    version=__version__, compile_rss_mb=comp.get("peak_rss_mb"),
                    gflop=comp.get("gflop"), kernels=comp.get("kernels"),
-                   tuning=comp.get("tuning"), compile_cpu_s=comp.get("process_cpu_s"))
+                   tuning=comp.get("tuning"), pipeline=comp.get("pipeline"),
+                   compile_cpu_s=comp.get("process_cpu_s"))
         return rec
 
     def _baseline_case(self, m: BenchModel, fw: str, threads: int, params: Mapping[str, Any],

@@ -3,9 +3,11 @@
     python -m nfc.runtime.bench.worker compile SPEC_JSON   # build the library, write the case
     python -m nfc.runtime.bench.worker run SPEC_JSON       # time train_step; one JSON line
 
-`compile` runs the front end, autodiff and the default pipeline, gives kernels their tuned
-schedules when the tuning cache has some (`apply_cached_schedules`; default schedules
-otherwise), builds the library (cold unless the spec allows the library cache), initialises
+`compile` runs the front end and the build pipeline of `nfc compile` and `nfc train`
+(nfc.runtime.build.pipeline_for: im2col, autodiff, the cleanup, the tuned schedules of the
+tuning cache when it has some, fusion; the spec's `pipeline`, `im2col`, `tuned` and `fuse`
+edit it as the command-line flags do), builds the library (cold unless the spec allows the
+library cache), initialises
 the model with the seed and writes the case file every framework starts from: the persistent
 tensors (`param:`, `state:`, `opt_state:` keys) and random inputs (`input:`; floats standard
 normal, integers uniform below their bound). `run` loads the library in a process that never
@@ -74,7 +76,7 @@ def make_inputs(meta: Mapping[str, Any], int_bounds: Mapping[str, Any], seed: in
 
 def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Build the library and write the case file (see the module doc)."""
-    from nfc.runtime.build import build_library, model_module, parse_settings, run_pipeline
+    from nfc.runtime.build import build_library, build_module, parse_settings
     from nfc.runtime.loader import load
 
     rec: dict[str, Any] = {}
@@ -82,19 +84,19 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     params, opt = parse_settings(spec.get("settings", []))
-    module = model_module(spec["source"], params, opt)
+    rec["pipeline"] = pipeline = case_pipeline(spec)
+    module, ctx = build_module(spec["source"], params, opt, pipeline)
     if not module.has_func("train_step"):
         raise ValueError("the model has no train_step (it needs `minimize <loss> with ...`)")
-    run_pipeline(module)
     t_front = time.perf_counter() - t0
-    rec["tuning"] = _apply_tuned(module) if spec.get("tuned", True) else "not used"
+    rec["tuning"] = ctx.remarks.get("apply-tuning", "not used")
     use_cache = bool(spec.get("use_cache"))
     # Only train_step is timed, so only it is built; but the library cache keys a module
     # without the function list, so a cached build must hold every function.
     built = build_library(module, str(out / "model.so"), use_cache=use_cache,
                           functions=None if use_cache else ["train_step"])
     rec["compile_s"] = time.perf_counter() - t0
-    rec["frontend_s"] = t_front
+    rec["frontend_s"] = t_front  # the frontend and the pass pipeline
     rec["compile_kind"] = "cached" if built.cached else "cold"
     if spec.get("profile"):
         # a second library with kernel timers (nfc compile --profile), for the kernel table
@@ -118,16 +120,13 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def _apply_tuned(module: Any) -> str:
-    """Give kernels their tuned schedules from the tuning cache; a one-line summary."""
-    try:
-        from nfc.runtime.tuning.kernels import apply_cached_schedules
-    except ImportError as exc:  # the tuner is optional for benchmarking
-        return f"tuning cache unavailable ({exc})"
-    try:
-        return apply_cached_schedules(module).message()
-    except Exception as exc:  # noqa: BLE001 - a broken cache must not stop the benchmark
-        return f"tuning cache not used ({type(exc).__name__}: {exc})"
+def case_pipeline(spec: Mapping[str, Any]) -> str:
+    """The pipeline a compile spec builds with: `nfc compile`'s for the model file, edited by
+    the spec's `pipeline` (the whole of it, as `-p`), `im2col`, `tuned` and `fuse`."""
+    from nfc.runtime.build import pipeline_for
+
+    return pipeline_for(spec["source"], spec.get("pipeline"), im2col=spec.get("im2col", True),
+                        tuning=spec.get("tuned", True), fuse=spec.get("fuse", True))
 
 
 def run_case(spec: Mapping[str, Any]) -> dict[str, Any]:

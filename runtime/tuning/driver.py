@@ -1,6 +1,6 @@
 """Tune every distinct kernel of a model's training step: the engine behind `nfc tune`.
 
-    module  = build_model("mlp.nf", ["batch=64"])          # frontend, autodiff, pipeline
+    module  = build_model("mlp.nf", ["batch=64"])          # the build pipeline up to tuning
     with TuningCache(db) as cache:
         report = tune_module(module, cache, options=TuneOptions(trials=64))
     print(report.table())
@@ -110,13 +110,18 @@ class TuneOptions:
     search (0: trust the search's single measurements); see `confirm_best`."""
 
 
-def build_model(path: str | os.PathLike[str], settings: Sequence[str] = ()) -> Module:
-    """The module `nfc compile` would build from a model file: frontend, autodiff (when the
-    model minimizes a loss) and the default pass pipeline. `settings` are `k=v` items."""
-    from nfc.runtime.build import model_module, parse_settings, run_pipeline
+def build_model(path: str | os.PathLike[str], settings: Sequence[str] = (),
+                pipeline: str | None = None, *, im2col: bool = True,
+                **pass_manager: Any) -> Module:
+    """The module whose kernels `nfc tune` measures: the model file through the build
+    pipeline up to `apply-tuning` (nfc.runtime.build.tune_pipeline_for; `pipeline` replaces the
+    build pipeline, as `-p`), so these are the kernels that pass then looks up. `settings` are
+    `k=v` items; `pass_manager` takes build_module's `verify`, `print_ir_after`, `timings`."""
+    from nfc.runtime.build import build_module, parse_settings, tune_pipeline_for
 
     params, opt = parse_settings(settings)
-    return run_pipeline(model_module(path, params, opt))
+    text = tune_pipeline_for(path, pipeline, im2col=im2col)
+    return build_module(path, params, opt, text, **pass_manager)[0]
 
 
 def training_functions(module: Module) -> list[str]:

@@ -1,0 +1,70 @@
+"""The pipeline flags the commands share, defined once: the pass manager's debugging flags
+(`nfc opt` and every build command) and the build pipeline's flags (`nfc compile`, `nfc train`,
+`nfc bench`, `nfc tune`). Not a subcommand (the CLI discovers only `*_cmd` modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nfc.cli import UsageError
+
+#: The build flags and the pass each one removes (nfc.runtime.build.FLAG_PASSES).
+BUILD_FLAGS = {
+    "im2col": "keep convolutions as loop nests: remove the im2col pass, which gathers their "
+              "windows into columns before autodiff (less memory)",
+    "tuning": "ignore tuned schedules of the tuning cache (nfc tune): remove the apply-tuning "
+              "pass",
+    "fuse": "one kernel per compute: remove the fuse pass",
+}
+
+
+def add_pass_manager_arguments(p: argparse.ArgumentParser) -> None:
+    """`--print-ir-after-all`, `--print-ir-after NAME`, `--time-passes`, `--no-verify`."""
+    p.add_argument("--print-ir-after-all", action="store_true",
+                   help="print the IR to stderr after every pass")
+    p.add_argument("--print-ir-after", action="append", default=[], metavar="NAME",
+                   help="print the IR to stderr after each run of this pass; repeatable")
+    p.add_argument("--time-passes", action="store_true",
+                   help="print a table of the time spent in each phase to stderr")
+    p.add_argument("--no-verify", action="store_true",
+                   help="do not run the verifier after each pass (debugging broken passes)")
+
+
+def pass_manager_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The PassManager keywords the flags of `add_pass_manager_arguments` ask for
+    (`verify`, `print_ir_after`); a usage error for an unknown `--print-ir-after` pass."""
+    from nfc.passmanager import REGISTRY
+
+    for name in args.print_ir_after:
+        if name not in REGISTRY.names():
+            raise UsageError(f"--print-ir-after: unknown pass '{name}' (known passes: "
+                             f"{', '.join(REGISTRY.names())})")
+    return {"verify": not args.no_verify,
+            "print_ir_after": True if args.print_ir_after_all else tuple(args.print_ir_after)}
+
+
+def add_build_pipeline_arguments(p: argparse.ArgumentParser,
+                                 flags: tuple[str, ...] = ("im2col", "tuning", "fuse"), *,
+                                 pass_manager: bool = True) -> None:
+    """`-p`, `--print-pipeline`, the `--no-<flag>` edits of the pipeline, and (unless
+    `pass_manager` is False: the command compiles in another process) the pass manager's
+    flags."""
+    p.add_argument("-p", "--pipeline", default=None, metavar="PIPELINE",
+                   help="the whole pipeline run after the frontend (default: the build "
+                        "pipeline; --print-pipeline shows it)")
+    p.add_argument("--print-pipeline", action="store_true",
+                   help="print the exact pipeline this command runs (the default or -p, "
+                        "edited by the --no-* flags) and exit")
+    for flag in flags:
+        p.add_argument(f"--no-{flag.replace('_', '-')}", action="store_true",
+                       help=BUILD_FLAGS[flag])
+    if pass_manager:
+        add_pass_manager_arguments(p)
+
+
+def build_flags(args: argparse.Namespace) -> dict[str, bool]:
+    """`im2col`, `tuning`, `fuse` as `nfc.runtime.build.pipeline_for` takes them (a flag a
+    command does not have is on)."""
+    return {flag: not getattr(args, f"no_{flag}", False) for flag in BUILD_FLAGS}
