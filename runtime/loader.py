@@ -19,8 +19,11 @@ A `Model` owns the model's persistent tensors (parameters, state, optimizer stat
     m.eval(x=xb, y=yb)["logits"]
 
 Inputs are taken as they are when they already have the right dtype, shape and layout (no
-copy), converted otherwise. An `rng` argument defaults to `(seed, step)` where `step` counts
-the calls of functions that update tensors in place.
+copy), converted otherwise. Any array with `__dlpack__` (torch CPU tensors, JAX CPU arrays)
+is taken through DLPack, sharing its memory; so are the `out` arrays, which lets results land
+in memory another framework owns. Results are numpy arrays, themselves DLPack-capable
+(`torch.from_dlpack(res["y"])` copies nothing). An `rng` argument defaults to `(seed, step)`
+where `step` counts the calls of functions that update tensors in place.
 """
 
 from __future__ import annotations
@@ -65,6 +68,22 @@ def aligned_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     a = aligned_empty(shape, dtype)
     a.fill(0)
     return a
+
+
+def as_array(value: Any, what: str = "argument") -> np.ndarray:
+    """`value` as a numpy array sharing its memory where it can: a numpy array as it is, any
+    other array with `__dlpack__` (torch, JAX, ... on the CPU) through DLPack without a copy,
+    anything else through `np.asarray`."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            # a GPU array, a torch tensor that requires grad (detach it), ...
+            raise ArtifactError(f"{what}: cannot take a {type(value).__name__} through "
+                                f"DLPack: {exc}") from None
+    return np.asarray(value)
 
 
 def host_cpu_features() -> set[str]:
@@ -226,7 +245,7 @@ class Function:
         return f"<nfc function {self.name}({ins}) -> ({outs})>"
 
     def _input(self, spec: TensorSpec, value: Any) -> np.ndarray:
-        arr = np.asarray(value)
+        arr = as_array(value, f"{self.name}: input '{spec.name}'")
         if arr.shape != spec.shape:
             raise ArtifactError(f"{self.name}: input '{spec.name}' must have shape "
                                 f"{list(spec.shape)}, got {list(arr.shape)}")
@@ -234,10 +253,11 @@ class Function:
             arr = np.ascontiguousarray(arr, dtype=spec.dtype)
         return arr
 
-    def __call__(self, *args: Any, rng: Any = None, out: Mapping[str, np.ndarray] | None = None,
+    def __call__(self, *args: Any, rng: Any = None, out: Mapping[str, Any] | None = None,
                  **kwargs: Any) -> dict[str, np.ndarray]:
-        """Run the entry on inputs (positional in order, or by name); returns the results that
-        are not updated in place, by name (`out` may supply their arrays)."""
+        """Run the entry on inputs (positional in order, or by name; numpy or any DLPack
+        array); returns the results that are not updated in place, by name (`out` may supply
+        their arrays, numpy or DLPack)."""
         if len(args) > len(self.inputs):
             raise ArtifactError(f"{self.name} takes {len(self.inputs)} inputs "
                                 f"({', '.join(a.name for a in self.inputs)}), got {len(args)}")
@@ -266,6 +286,8 @@ class Function:
         results: dict[str, np.ndarray] = {}
         for j, spec in enumerate(self.outputs):
             arr = out.get(spec.name) if out else None
+            if arr is not None:
+                arr = as_array(arr, f"{self.name}: out['{spec.name}']")
             if arr is None:
                 arr = np.empty(spec.shape, spec.dtype)
             elif (arr.shape != spec.shape or arr.dtype != spec.dtype
