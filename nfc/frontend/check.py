@@ -11,7 +11,7 @@ import difflib
 from nfc.diagnostics import Diagnostic, note
 from nfc.frontend import ast
 from nfc.frontend.builtins import BUILTINS
-from nfc.frontend.context import shorten
+from nfc.frontend.context import FLOAT_CONSTANTS, shorten
 from nfc.frontend.ellipsis import ELLIPSIS, WHERE, leading, type_errors
 from nfc.frontend.loader import ModuleScope
 from nfc.frontend.scalars import INTRINSIC_ARITY
@@ -38,7 +38,7 @@ class _OpChecker:
 
     def signature(self) -> set[str]:
         op = self.op
-        defined = {"training"}
+        defined = {"training", *FLOAT_CONSTANTS}
         seen: dict[str, ast.Node] = {}
         for item in (*op.cparams, *op.params, *(p for p in op.outputs if p.name)):
             if item.name in seen:
@@ -152,8 +152,8 @@ class _OpChecker:
             inner = set(idx)
             for ri in e.indices:
                 for bound in (ri.lo, ri.hi):
-                    if bound is not None:
-                        self.expr(bound, defined, idx)
+                    if bound is not None:  # may use enclosing and earlier indices
+                        self.expr(bound, defined, set(inner))
                 inner.add(ri.name)
             self.expr(e.body, defined, inner)
             return

@@ -8,6 +8,7 @@ its targets to POISON; any later use of a poisoned name aborts that statement si
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,10 @@ class DTypeB:
     dtype: DType
 
 
+#: The builtin float constants: weak floats like a literal (`-inf` is `inf` negated).
+FLOAT_CONSTANTS: dict[str, float] = {"inf": math.inf, "nan": math.nan}
+
+
 class Poison:
     """A name whose definition failed."""
 
@@ -101,10 +106,14 @@ class Env:
         self.training = training
 
     def get(self, name: str) -> Binding | None:
-        """The binding of `name`, the builtin `training` included; None when unknown."""
+        """The binding of `name`, the builtins `training`, `inf` and `nan` included; None when
+        unknown."""
         b = self.vars.get(name)
-        if b is None and name == "training":
-            return CT(self.training)
+        if b is None:
+            if name == "training":
+                return CT(self.training)
+            if name in FLOAT_CONSTANTS:
+                return CT(FLOAT_CONSTANTS[name])
         return b
 
     def unknown(self, name: str, loc: Loc, extra: list[str] | None = None,
@@ -112,7 +121,7 @@ class Env:
         """An 'unknown name' error with a suggestion; the name is poisoned afterwards."""
         if self.scope.incomplete or self.vars.get(name) is POISON:
             raise Poisoned  # an import failed, or the name was reported already
-        cands = [*self.vars, "training", *(extra or [])]
+        cands = [*self.vars, "training", *FLOAT_CONSTANTS, *(extra or [])]
         self.vars[name] = POISON
         sugg = difflib.get_close_matches(name, cands, 1) if len(name) < 100 else []
         hint = f"; did you mean '{sugg[0]}'?" if sugg else ""

@@ -36,6 +36,17 @@ from nfc.ir import (
 IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
 
 
+def identity(op: str, dtype: DType) -> Const:
+    """The identity of reduction `op` in `dtype` (the extreme integers for max and min)."""
+    ident = IDENTITY[op]
+    if dtype.is_int and isinstance(ident, float):
+        import numpy as np
+
+        info = np.iinfo(dtype.numpy)
+        return Const(int(info.min if op == "max" else info.max))
+    return Const(ident if dtype.is_int else float(ident))
+
+
 @dataclass
 class Scope:
     """Index variables visible in an element expression, and the guards around it."""
@@ -307,15 +318,34 @@ class Lowering:
         inner = sc.child()
         axes: list[Axis] = []
         body: ast.Expr = e
+        dependent: list[tuple[ast.RedIndex, tuple[ast.Expr | None, ast.Expr | None]]] = []
         while isinstance(body, ast.Reduce) and body.op == e.op:
             for ri in body.indices:
-                axes.append(inner.bind(ri.name, sc.ranges[(id(body), ri.name)]))
+                rng = sc.ranges[(id(body), ri.name)]
+                axes.append(inner.bind(ri.name, rng))
+                if rng.bounds is not None:
+                    dependent.append((ri, rng.bounds))
             body = body.body
+        # a range that depends on other indices (`sum(j in 0..i + 1)`) spans their hull and
+        # guards the body: `lo <= j < hi`, the identity elsewhere
+        guard: SV | None = None
+        for ri, (lo, hi) in dependent:
+            j = ast.Name(ri.loc, ri.name)
+            for cond in (ast.Compare(ri.loc, ("<=",), (lo, j)) if lo is not None else None,
+                         ast.Compare(ri.loc, ("<",), (j, hi)) if hi is not None else None):
+                if cond is not None:
+                    c = self.scalar(cond, replace(inner, keep="condition"))
+                    guard = c if guard is None else scalars.logic("and", guard, c, ri.loc)
+        if guard is not None:
+            inner.guards.append(guard.expr)
         sv = self.scalar(body, inner)
         if sv.ty.kind == "bool":
             raise error(f"'{e.op}' of booleans; convert them with i32(...) or f32(...)", e.loc)
         if sv.ty.dtype is None:
             sv = scalars.coerce(sv, STy(sv.ty.kind, default_dtype(sv.ty)), e.loc)
+        if guard is not None:
+            assert sv.ty.dtype is not None
+            sv = SV(Select(guard.expr, sv.expr, identity(e.op, sv.ty.dtype)), sv.ty)
         return axes, sv, inner
 
     def hoist(self, e: ast.Reduce, sc: Scope) -> SV:
@@ -330,13 +360,7 @@ class Lowering:
         expr = body.expr
         assert body.ty.dtype is not None
         if guard is not None:
-            ident = IDENTITY[e.op]
-            if body.ty.dtype.is_int and isinstance(ident, float):
-                import numpy as np
-
-                info = np.iinfo(body.ty.dtype.numpy)
-                ident = int(info.min if e.op == "max" else info.max)
-            expr = Select(guard, expr, Const(ident if body.ty.dtype.is_int else float(ident)))
+            expr = Select(guard, expr, identity(e.op, body.ty.dtype))
         op = ComputeOp(TensorType(tuple(a.extent for a in dims), body.ty.dtype), dims, expr,
                        reduce=e.op, raxes=tuple(axes), loc=e.loc)
         self.ctx.emit(op)
@@ -356,7 +380,7 @@ class Lowering:
         for k, ix in enumerate(lhs):
             rng = None
             if ix.lo is not None and ix.hi is not None:
-                rng = explicit(ix.lo, ix.hi, ix.name, ix, self.ct_int)
+                rng = explicit(ix.lo, ix.hi, ix.name, ix, self.ct_int, [x.name for x in lhs])
                 if declared is not None and rng.extent != declared.shape[k]:
                     shown = "'...'" if ix.name.startswith(ELLIPSIS) else f"'{ix.name}'"
                     raise error(f"index {shown} ranges over {rng.extent} values but "

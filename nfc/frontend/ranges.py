@@ -9,16 +9,23 @@ does not decide alone: the branch holds only where `c` allows. When every bare u
 like that, the range is the union over the branches of the values each reads in bounds
 (nfc.frontend.guards), e.g. 0..I + H for `x[n, k] if k < I else h[n, k - I]`. When that union
 is unbounded (`x[k] if k < I else 0.0`), the bare uses decide as before.
+
+The explicit range of a reduction index may depend on enclosing indices (and on earlier
+indices of its own head): `sum(j in 0..i + 1)`. Its range is then the hull of the bounds'
+values over the ranges of those indices (by interval arithmetic), and `Range.bounds` keeps the
+bounds so that lowering guards the body with `lo <= j < hi` (the reduction's identity
+elsewhere).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from nfc.diagnostics import error, note
 from nfc.frontend import ast
 from nfc.frontend.guards import Domain, Scopes, bounded
+from nfc.frontend.shapes import names_in
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,10 @@ class Range:
 
     lo: int
     extent: int
+    bounds: tuple[ast.Expr | None, ast.Expr | None] | None = None
+    """The bounds `lo..hi` as written when they depend on other indices: the range above is
+    their hull, and the reduction's body is guarded by `lo <= j < hi` (None: a constant side,
+    which needs no guard)."""
 
 
 #: (id of the binding node, index name) -> range; the binding node is the comprehension
@@ -44,8 +55,22 @@ class _Use:
 
 
 def explicit(lo: ast.Expr, hi: ast.Expr, name: str, loc: ast.Node,
-             ct_int: Callable[[ast.Expr, str], int]) -> Range:
-    """The range `lo..hi` (hi excluded); it must not be empty."""
+             ct_int: Callable[[ast.Expr, str], int],
+             indices: Collection[str] = ()) -> Range:
+    """The range `lo..hi` (hi excluded) of an output index; it must not be empty, and its
+    bounds cannot mention the other output `indices` (an output is a box)."""
+    for bound in (lo, hi):
+        used = [n for n in names_in(bound) if n in indices and n != name]
+        if used:
+            raise error(f"the range of output index '{name}' depends on index '{used[0]}'; the "
+                        "ranges of output indices must be compile-time constants: give the "
+                        f"whole range and guard the value, e.g. `t[{used[0]}, {name}] = "
+                        f"(... if {name} < {used[0]} + 1 else 0.0)`", bound.loc)
+    return _constant(lo, hi, name, loc, ct_int)
+
+
+def _constant(lo: ast.Expr, hi: ast.Expr, name: str, loc: ast.Node,
+              ct_int: Callable[[ast.Expr, str], int]) -> Range:
     a, b = ct_int(lo, "a range bound"), ct_int(hi, "a range bound")
     if b <= a:
         raise error(f"range {a}..{b} of index '{name}' is empty", loc.loc)
@@ -115,9 +140,13 @@ def infer(stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]], value: 
             for ri in e.indices:
                 if ri.name in names:
                     raise error(f"index '{ri.name}' appears twice in '{e.op}'", ri.loc)
+                around = [*scopes, (id(e), frozenset(names))]
                 names.add(ri.name)
                 if ri.lo is not None and ri.hi is not None:
-                    table[(id(e), ri.name)] = explicit(ri.lo, ri.hi, ri.name, ri, ct_int)
+                    if _uses(ri.lo, around) or _uses(ri.hi, around):
+                        dependent.append((id(e), ri, around))
+                    else:
+                        table[(id(e), ri.name)] = _constant(ri.lo, ri.hi, ri.name, ri, ct_int)
                 else:
                     binders.append((id(e), ri.name, ri, e.op, e, scopes))
             walk(e.body, [*scopes, (id(e), frozenset(names))], conds)
@@ -134,6 +163,7 @@ def infer(stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]], value: 
         for c in e.children():
             walk(c, scopes, conds)
 
+    dependent: list[tuple[int, ast.RedIndex, Scopes]] = []
     top: Scopes = [(id(stmt), frozenset(seen))]
     walk(value, top, ())
     for key, name, node, kind, body, around in binders:
@@ -165,7 +195,76 @@ def infer(stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]], value: 
                     note(f"'{name}' ranges over {first.size} here",
                          first.access.indices[first.dim].loc))
         table[(key, name)] = Range(0, first.size)
+    _dependent_ranges(dependent, table, ct_int)
     return table
+
+
+class _Pending(Exception):
+    """A bound uses an index whose range is not known yet."""
+
+
+def _dependent_ranges(dependent: list[tuple[int, ast.RedIndex, Scopes]], table: RangeTable,
+                      ct_int: Callable[[ast.Expr, str], int]) -> None:
+    """The ranges of reduction indices whose bounds use other indices: the hull of the
+    bounds over those indices' ranges (in dependency order)."""
+    while dependent:
+        progress = False
+        for item in list(dependent):
+            key, ri, scopes = item
+            assert ri.lo is not None and ri.hi is not None
+            try:
+                lo = _interval(ri.lo, scopes, table, ct_int)[0]
+                hi = _interval(ri.hi, scopes, table, ct_int)[1]
+            except _Pending:
+                continue
+            if hi <= lo:
+                raise error(f"range of index '{ri.name}' is empty for every value of the "
+                            f"indices its bounds use (at most {lo}..{hi})", ri.loc)
+            # a constant side is the hull's own bound: only the other needs a guard
+            table[(key, ri.name)] = Range(lo, hi - lo, (
+                ri.lo if _uses(ri.lo, scopes) else None, ri.hi if _uses(ri.hi, scopes) else None))
+            dependent.remove(item)
+            progress = True
+        if not progress:  # bounds that use each other
+            ri = dependent[0][1]
+            raise error(f"the bounds of index '{ri.name}' depend on an index whose range "
+                        "depends on them", ri.loc)
+
+
+def _uses(e: ast.Expr, scopes: Scopes) -> bool:
+    """Whether `e` uses an index of `scopes`."""
+    return any(Domain.binder(n, scopes) is not None for n in names_in(e))
+
+
+def _interval(e: ast.Expr, scopes: Scopes, table: RangeTable,
+              ct_int: Callable[[ast.Expr, str], int]) -> tuple[int, int]:
+    """Smallest and largest value of the bound `e` over the ranges of the indices it uses."""
+    if not _uses(e, scopes):
+        v = ct_int(e, "a range bound")
+        return v, v
+    if isinstance(e, ast.Name):
+        key = Domain.binder(e.id, scopes)
+        rng = table.get((key, e.id)) if key is not None else None
+        if rng is None:
+            raise _Pending
+        return rng.lo, rng.lo + rng.extent - 1
+    if isinstance(e, ast.Unary) and e.op == "neg":
+        lo, hi = _interval(e.x, scopes, table, ct_int)
+        return -hi, -lo
+    if isinstance(e, ast.BinOp):
+        a = _interval(e.a, scopes, table, ct_int)
+        b = _interval(e.b, scopes, table, ct_int)
+        if e.op == "+":
+            return a[0] + b[0], a[1] + b[1]
+        if e.op == "-":
+            return a[0] - b[1], a[1] - b[0]
+        if e.op == "*":
+            products = [x * y for x in a for y in b]
+            return min(products), max(products)
+        if e.op in ("//", "%") and b[0] == b[1] and b[0] > 0:
+            return (a[0] // b[0], a[1] // b[0]) if e.op == "//" else (0, b[0] - 1)
+    raise error("a range bound that uses indices must be affine in them (`+ - *`, and `//` "
+                "or `%` by a positive constant)", e.loc)
 
 
 def _union_range(dom: Domain, body: ast.Expr, scopes: Scopes, name: str, node: ast.Node,

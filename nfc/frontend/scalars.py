@@ -164,7 +164,10 @@ def _fold(row: ops.Op, values: list[int | float | bool], loc: Loc) -> SV:
         raise error("division by zero in a compile-time expression", loc) from None
     except OverflowError:
         raise error("compile-time value is too large", loc) from None
-    if isinstance(r, float) and not math.isfinite(r):
+    # inf and nan given as such (`-inf`, `inf * 2`) are values; an overflow of finite ones is
+    # refused
+    if isinstance(r, float) and not math.isfinite(r) and all(
+            math.isfinite(v) for v in values if not isinstance(v, bool)):
         raise error("compile-time value is not finite", loc)
     return _ct(r, loc)
 
@@ -287,6 +290,8 @@ def cast(dtype: DType, a: SV, loc: Loc) -> SV:
             return SV(Const(bool(value), DType.I1), BOOL)
         if dtype.is_float:
             return SV(Const(float(value), dtype), sty(dtype))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise error(f"cannot convert {value} to {dtype}", loc)
         return SV(Const(int(value), dtype), sty(dtype))
     if a.ty.dtype == dtype:
         return a

@@ -33,6 +33,18 @@ def is_dtype_var(name: str) -> bool:
     return name not in DTYPES and name[:1].isupper()
 
 
+#: The dtypes an integer dtype variable (`Int`, `Int2`, ...) may take: labels and ids.
+INT_DTYPES = (DType.I32, DType.I64)
+
+
+def dtype_class(name: str) -> tuple[DType, ...] | None:
+    """The dtypes dtype variable `name` is restricted to: `Int` followed by digits or nothing
+    binds only integer dtypes (INT_DTYPES); other dtype variables take any dtype (None)."""
+    if name.startswith("Int") and (name[3:] == "" or name[3:].isdigit()):
+        return INT_DTYPES
+    return None
+
+
 def eval_ct(e: ast.Expr, lookup: Callable[[str, Loc], CTValue]) -> CTValue:
     """The value of a compile-time expression (shapes, ranges, compile-time arguments).
 
@@ -222,6 +234,11 @@ def unify_params(op: ast.OpDef, arg_types: list[TensorType], arg_locs: list[Loc]
                 raise error(f"{where} has dtype {t.dtype} but parameter '{p.name}' expects "
                             f"{dt} = {b.dtypes[dt]} (bound by {b.origin[dt]})", arg_locs[i],
                             decl)
+            allowed = dtype_class(dt)
+            if allowed is not None and t.dtype not in allowed:
+                raise error(f"{where} has dtype {t.dtype} but parameter '{p.name}' expects "
+                            f"{dt}, an integer dtype ({' or '.join(map(str, allowed))})",
+                            arg_locs[i], decl)
             b.dtypes.setdefault(dt, t.dtype)
             b.origin.setdefault(dt, f"argument {i + 1}")
         elif dt in DTYPES and DTYPES[dt] != t.dtype:

@@ -45,6 +45,7 @@ from nfc.frontend.shapes import (
     DTYPES,
     CTValue,
     Unbound,
+    dtype_class,
     eval_ct,
     format_ct,
     format_expr,
@@ -214,7 +215,7 @@ class _OpCheck:
         dvars = [p.type.dtype for p in self.op.params if is_dtype_var(p.type.dtype)]
         dvars = list(dict.fromkeys(dvars))
         ids = self.index_dtype_vars()
-        guess = {v: DType.I32 if v in ids else DType.F32 for v in dvars}
+        guess = {v: DType.I32 if v in ids or dtype_class(v) else DType.F32 for v in dvars}
         descending = {n: SAMPLE_MIN + len(names) - 1 - k for k, n in enumerate(names)}
         ascending = {n: SAMPLE_MIN + k for k, n in enumerate(names)}
         assignments = [guess]

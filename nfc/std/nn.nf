@@ -1,7 +1,8 @@
 # std.nn: the nfc standard library of neural-network operators, written in .nf.
 #
 # Every op is a group of tensor comprehensions; nothing below is implemented in Python.
-# `T` is a dtype variable, so each op serves f32 and f64 (and f16/bf16) alike. Shape variables
+# `T` is a dtype variable, so each op serves f32 and f64 (and f16/bf16) alike; `Int` is an
+# integer dtype variable, so labels and ids are i32 or i64 (PyTorch's). Shape variables
 # (N, C, H, W, ...) are bound by unification at each call site; `...` stands for any number of
 # leading dimensions (rank-polymorphic ops work on the last axis). Layouts: row-major, images
 # NCHW, linear weights [in, out] (y = x @ w + b). docs/stdlib.md documents every op.
@@ -69,15 +70,15 @@ op depthwise_conv2d<stride: int = 1, padding: int = 0, dilation: int = 1>(
                              else 0.0) * k[c, 0, r, s]
 }
 
-# Max pooling over size x size windows. Padded positions read as -3e38, below any real f32
-# activation (and -inf once rounded to f16), so they never win while every window holds a real
-# element, i.e. padding < size (PyTorch requires padding <= size / 2).
+# Max pooling over size x size windows. Padded positions read as -inf, the identity of max in
+# every float dtype, so they never win while every window holds a real element, i.e.
+# padding < size (PyTorch requires padding <= size / 2).
 op max_pool2d<size: int, stride: int, padding: int = 0>(x: T[N, C, H, W])
     -> T[N, C, (H + 2 * padding - size) // stride + 1, (W + 2 * padding - size) // stride + 1] {
   y[n, c, i, j] = max(r in 0..size, s in 0..size) (
       x[n, c, i * stride + r - padding, j * stride + s - padding]
       if padding <= i * stride + r < H + padding and padding <= j * stride + s < W + padding
-      else -3.0e38)
+      else -inf)
 }
 
 # Average pooling; padded zeros count in the divisor (count_include_pad = True, as in PyTorch).
@@ -147,14 +148,20 @@ op log_softmax(x: T[..., C]) -> T[..., C] {
 
 # mean over n of -log softmax(logits)[n, labels[n]]; caller guarantees 0 <= labels < C
 # (a label outside that range selects no class and contributes 0)
-op softmax_cross_entropy(logits: T[N, C], labels: i32[N]) -> T[] {
+op softmax_cross_entropy(logits: T[N, C], labels: Int[N]) -> T[] {
   lp = log_softmax(logits)
   loss[] = -(sum(n, c) (lp[n, c] if labels[n] == c else 0.0)) / N
 }
 
-# mean squared error over all elements
-op mse(a: T[N, D], b: T[N, D]) -> T[] {
-  loss[] = (sum(n, d) (a[n, d] - b[n, d]) * (a[n, d] - b[n, d])) / (N * D)
+# mean squared error over all elements, any rank (the shapes must be equal): flattened
+# row-major, then mse_1d
+op mse(a: T[...], b: T[...]) -> T[] {
+  loss = mse_1d(reshape<[-1]>(a), reshape<[-1]>(b))
+}
+
+# mean squared error of two vectors
+op mse_1d(a: T[K], b: T[K]) -> T[] {
+  loss[] = (sum(k) (a[k] - b[k]) * (a[k] - b[k])) / K
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -275,13 +282,25 @@ op pad2d<p: int>(x: T[N, C, H, W]) -> T[N, C, H + 2 * p, W + 2 * p] {
   y[n, c, h, w] = x[n, c, h - p, w - p] if p <= h < H + p and p <= w < W + p else 0.0
 }
 
-# Sub-pixel upsampling, DCR order like torch.nn.functional.pixel_shuffle:
-# channel c * r * r + (h % r) * r + (w % r) of x lands at (c, h, w).
+# Sub-pixel upsampling in CRD order (ONNX DepthToSpace mode "CRD", which is
+# torch.nn.functional.pixel_shuffle): channel c * r * r + (h % r) * r + (w % r) of x lands at
+# (c, h, w). Kept under this name for existing models; depth2space_crd is the same op.
 op depth2space<r: int>(x: T[N, C * r * r, H, W]) -> T[N, C, H * r, W * r] {
   y[n, c, h, w] = x[n, c * r * r + (h % r) * r + w % r, h // r, w // r]
 }
 
-# Inverse of depth2space (torch pixel_unshuffle).
+op depth2space_crd<r: int>(x: T[N, C * r * r, H, W]) -> T[N, C, H * r, W * r] {
+  y[n, c, h, w] = x[n, c * r * r + (h % r) * r + w % r, h // r, w // r]
+}
+
+# DCR order (ONNX DepthToSpace's default mode "DCR", TensorFlow's depth_to_space): the
+# channels are [r, r, C], so channel ((h % r) * r + w % r) * C + c lands at (c, h, w).
+op depth2space_dcr<r: int>(x: T[N, C * r * r, H, W]) -> T[N, C, H * r, W * r] {
+  y[n, c, h, w] = x[n, ((h % r) * r + w % r) * C + c, h // r, w // r]
+}
+
+# Inverse of depth2space in CRD order (torch pixel_unshuffle; ONNX SpaceToDepth is the
+# inverse of DCR instead).
 op space2depth<r: int>(x: T[N, C, H * r, W * r]) -> T[N, C * r * r, H, W] {
   y[n, c, h, w] = x[n, c // (r * r), h * r + (c % (r * r)) // r, w * r + c % r]
 }
@@ -293,7 +312,7 @@ op channel_shuffle<groups: int>(x: T[N, G * groups, H, W]) -> T[N, G * groups, H
 }
 
 # Row lookup E[ids[...]] for ids of any rank; caller guarantees 0 <= ids < V.
-op embedding(ids: i32[...], E: T[V, D]) -> T[..., D] {
+op embedding(ids: Int[...], E: T[V, D]) -> T[..., D] {
   y[..., d] = E[ids[...], d]
 }
 
@@ -323,7 +342,7 @@ op capsule_length<eps: float = 1e-7>(x: T[..., D]) -> T[...] {
 # Margin loss over capsule lengths, mean over the batch:
 #   T_k max(0, m_pos - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m_neg)^2, T_k = (labels[n] == k)
 op margin_loss<m_pos: float = 0.9, m_neg: float = 0.1, lam: float = 0.5>(
-    lengths: T[N, K], labels: i32[N]) -> T[] {
+    lengths: T[N, K], labels: Int[N]) -> T[] {
   hi[n, k] = max(m_pos - lengths[n, k], 0.0)
   lo[n, k] = max(lengths[n, k] - m_neg, 0.0)
   loss[] = (sum(n, k) (hi[n, k] * hi[n, k] if labels[n] == k
