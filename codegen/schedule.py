@@ -27,6 +27,12 @@ class Split:
 
     axis: str
     sizes: tuple[int, ...]
+    tail: str = "auto"
+    """What the loops do when the blocks do not divide the axis (Halide's `TailStrategy`,
+    nfc.codegen.lowering.tails): `auto` (inner serial loops shrink, unrolled and vectorized
+    ones guard, an elementwise nest peels its ragged vectorized axis), `shrink` (the same
+    without peeling), `guard` (every loop keeps its constant extent, the body is guarded) or
+    `peel` (required, an error where it cannot be done)."""
 
     def loop_names(self) -> tuple[str, ...]:
         """The loops this split creates, outermost first."""
@@ -70,7 +76,8 @@ class Schedule:
         """A JSON-able dict; `from_dict` inverts it."""
         return {
             "kind": "compute", "version": self.version,
-            "splits": [{"axis": s.axis, "sizes": list(s.sizes)} for s in self.splits],
+            "splits": [{"axis": s.axis, "sizes": list(s.sizes),
+                        **({"tail": s.tail} if s.tail != "auto" else {})} for s in self.splits],
             "order": list(self.order), "vectorize": self.vectorize,
             "unroll": list(self.unroll), "parallel": list(self.parallel),
             "cache_write": self.cache_write,
@@ -83,8 +90,8 @@ class Schedule:
         """The schedule `to_dict` produced; raises ValueError on another version."""
         _check_version(d)
         return Schedule(
-            splits=tuple(Split(s["axis"], tuple(int(x) for x in s["sizes"]))
-                         for s in d.get("splits", [])),
+            splits=tuple(Split(s["axis"], tuple(int(x) for x in s["sizes"]),
+                               str(s.get("tail", "auto"))) for s in d.get("splits", [])),
             order=tuple(d.get("order", [])), vectorize=d.get("vectorize"),
             unroll=tuple(d.get("unroll", [])), parallel=tuple(d.get("parallel", [])),
             cache_write=d.get("cache_write"),

@@ -37,7 +37,15 @@ from nfc.ir import (
     Value,
     loads,
 )
-from nfc.passes.memplan import LiveBuffer, MemoryPlan, last_uses, op_positions, plan_offsets
+from nfc.passes.memplan import (
+    LiveBuffer,
+    MemoryPlan,
+    MemoryReport,
+    last_uses,
+    memory_report,
+    op_positions,
+    plan_offsets,
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,14 @@ class FuncPlan:
     copies: list[Copy]
     memory: MemoryPlan
     where: dict[int, Slot]
+    buffers: list[LiveBuffer] = field(default_factory=list)
+    """The arena's live buffers (values, kernel workspaces, staging), as planned."""
+
+    def memory_report(self) -> MemoryReport:
+        """Peak memory of one call (nfc.passes.memplan.MemoryReport) from this very plan."""
+        return memory_report(self.func, self.buffers, self.memory,
+                             inplace=[n for n, r in enumerate(self.func.ret.values)
+                                      if self.results[n].inplace is not None])
 
     @property
     def n_outputs(self) -> int:
@@ -181,30 +197,21 @@ def describe_op(n: int, op: Op) -> str:
     return text
 
 
-def plan_function(func: Func, infos: Mapping[int, KernelInfo],
-                  symbols: Mapping[int, str]) -> FuncPlan:
-    """The plan of `func`, whose op `n` is the kernel `symbols[n]` with layout `infos[n]`."""
+def _place_results(func: Func, names: Sequence[str], inplace: Mapping[int, str],
+                   where: dict[int, Slot], pending: list[tuple[Value, Slot]]
+                   ) -> list[ResultInfo]:
+    """Where each result of `func` goes: an output slot, or the argument it updates in place.
+    A value not yet placed is computed right there (`where`); otherwise (an argument, a value
+    returned twice, an in-place update that is not safe) it is copied at the end
+    (`pending`)."""
     ops = func.body.ops
-    if not ops or not isinstance(ops[-1], ReturnOp):
-        raise CompileError(error(f"@{func.name} does not end with nf.return", func.loc).diagnostics)
-    for op in ops[:-1]:
-        if isinstance(op, CallOp):
-            raise CompileError(error(f"@{func.name} still calls @{op.callee}; run the inline "
-                                     "pass before building an artifact", op.loc).diagnostics)
-    ret = func.ret
-    names = result_names(func)
-    inplace = {int(k): str(v) for k, v in (func.attrs.get("nf.inplace") or {}).items()}
     arg_index = {a.name: i for i, a in enumerate(func.args)}
-    args = [ArgInfo(a.name or f"arg{i}", str(attrs.get("nf.role", "input")), a.type, dict(attrs))
-            for i, (a, attrs) in enumerate(zip(func.args, func.arg_attrs, strict=True))]
-    where: dict[int, Slot] = {id(a): Slot("arg", i) for i, a in enumerate(func.args)}
     pos = op_positions(func)
     reads: dict[int, frozenset[int]] | None = None
-    pending: list[tuple[Value, Slot]] = []
     results: list[ResultInfo] = []
     n_out = 0
     targets: set[str] = set()
-    for r, v in enumerate(ret.values):
+    for r, v in enumerate(func.ret.values):
         target = inplace.get(r)
         if target is not None:
             if target not in arg_index or target in targets:
@@ -231,6 +238,26 @@ def plan_function(func: Func, infos: Mapping[int, KernelInfo],
                 pending.append((v, dst))
             results.append(ResultInfo(names[r], v.type, None, n_out))
             n_out += 1
+    return results
+
+
+def plan_function(func: Func, infos: Mapping[int, KernelInfo],
+                  symbols: Mapping[int, str]) -> FuncPlan:
+    """The plan of `func`, whose op `n` is the kernel `symbols[n]` with layout `infos[n]`."""
+    ops = func.body.ops
+    if not ops or not isinstance(ops[-1], ReturnOp):
+        raise CompileError(error(f"@{func.name} does not end with nf.return", func.loc).diagnostics)
+    for op in ops[:-1]:
+        if isinstance(op, CallOp):
+            raise CompileError(error(f"@{func.name} still calls @{op.callee}; run the inline "
+                                     "pass before building an artifact", op.loc).diagnostics)
+    names = result_names(func)
+    inplace = {int(k): str(v) for k, v in (func.attrs.get("nf.inplace") or {}).items()}
+    args = [ArgInfo(a.name or f"arg{i}", str(attrs.get("nf.role", "input")), a.type, dict(attrs))
+            for i, (a, attrs) in enumerate(zip(func.args, func.arg_attrs, strict=True))]
+    where: dict[int, Slot] = {id(a): Slot("arg", i) for i, a in enumerate(func.args)}
+    pending: list[tuple[Value, Slot]] = []
+    results = _place_results(func, names, inplace, where, pending)
 
     end = len(ops) - 1  # the return's position: copies happen there
     last = last_uses(func)
@@ -271,4 +298,4 @@ def plan_function(func: Func, infos: Mapping[int, KernelInfo],
         if info.workspace_bytes:
             slots.append(Slot("arena", memory.offsets[("ws", n)]))
         kernels.append(KernelCall(symbols[n], n, tuple(slots), describe_op(n, op)))
-    return FuncPlan(func.name, func, args, results, kernels, copies, memory, where)
+    return FuncPlan(func.name, func, args, results, kernels, copies, memory, where, buffers)
