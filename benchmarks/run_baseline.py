@@ -263,6 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rec.update(status="error", error=f"{type(exc).__name__}: {msg[0] if msg else ''}"[:400],
                    traceback=tb[-2000:])
     rec["peak_rss_mb"] = peak_rss_mb()
+    if rec.get("rss_after_import_mb") is not None:
+        # the step's own memory: the peak above the process after the imports (the case
+        # read, the framework imported, nothing built), as nfc's worker measures it
+        rec["step_peak_mb"] = rec["peak_rss_mb"] - rec["rss_after_import_mb"]
     return rec
 
 

@@ -39,8 +39,8 @@ RUNNER = ROOT / "benchmarks" / "run_baseline.py"
 #: Fields of every JSON line (a missing measurement is null).
 FIELDS = ("model", "file", "framework", "threads", "batch", "params", "status", "error",
           "step_ms", "min_ms", "cpu_ms", "steps", "first_loss", "ratio_to_nfc", "gflops",
-          "compile_s", "compile_kind", "peak_rss_mb", "rss_after_import_mb", "version",
-          "wall_s", "loadavg")
+          "compile_s", "compile_kind", "peak_rss_mb", "rss_after_import_mb", "step_peak_mb",
+          "planned_mb", "version", "wall_s", "loadavg")
 
 #: Rough seconds a case takes besides its timed steps, for the estimate printed at the start
 #: (measured on the 2-core machine with nothing else running).
@@ -296,6 +296,7 @@ class Runner:
         rec.update(compile_s=comp["compile_s"], compile_kind=comp["compile_kind"],
                    version=__version__, compile_rss_mb=comp.get("peak_rss_mb"),
                    gflop=comp.get("gflop"), kernels=comp.get("kernels"),
+                   planned_mb=comp.get("planned_mb"),
                    tuning=comp.get("tuning"), pipeline=comp.get("pipeline"),
                    compile_cpu_s=comp.get("process_cpu_s"))
         return rec

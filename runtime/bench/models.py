@@ -105,6 +105,8 @@ def resolve(spec: str) -> BenchModel:
     if p.suffix != ".nf":
         raise UnknownModel(f"'{spec}' is neither a .nf file nor a benchmark model "
                            f"({', '.join(by_name)})")
+    if not p.exists() and not p.is_absolute() and (ROOT / p).exists():
+        p = ROOT / p  # `nfc bench examples/mlp.nf` (its help's example) from any directory
     if not p.exists():
         raise UnknownModel(f"no such file: '{spec}'")
     real = p.resolve()

@@ -105,6 +105,48 @@ def cost_table(records: Sequence[Record]) -> str:
         lines.append(f"{m:<16} " + " ".join(cells) + "  " + " ".join(mem))
     if any(r.get("compile_kind") == "cached" for r in records):
         lines.append("* from the library cache (--quick), not a cold compile")
+    return "\n".join(lines) + "\n\n" + memory_table(records)
+
+
+def step_peak_mb(r: Record) -> float | None:
+    """The training step's own peak memory in MB: the process's peak RSS minus its RSS after
+    the imports (case file read, framework imported, nothing built), measured alike in every
+    framework's worker; None when either is missing."""
+    v = r.get("step_peak_mb")
+    if v is not None:
+        return float(v)
+    peak, base = r.get("peak_rss_mb"), r.get("rss_after_import_mb")
+    if peak is None or base is None:
+        return None
+    return float(peak) - float(base)
+
+
+def memory_table(records: Sequence[Record]) -> str:
+    """Per model: each framework's step peak (`step_peak_mb`) side by side, with the ratio to
+    nfc's, and nfc's static plan (parameters, optimizer state, inputs, outputs and arena) on
+    the first thread count that has them."""
+    rows, fws = _order(records)
+    by: dict[tuple[str, str], Record] = {}
+    for r in records:
+        if r.get("status") == "ok" and step_peak_mb(r) is not None:
+            by.setdefault((str(r["model"]), str(r["framework"])), r)
+    models = list(dict.fromkeys(m for m, _ in rows))
+    head = f"{'model':<16} {'nfc plan MB':>12} " + " ".join(f"{fw + ' MB':>18}" for fw in fws)
+    lines = ["peak memory of the step (MB: peak RSS minus RSS after the imports):", head]
+    for m in models:
+        nfc = by.get((m, "nfc"))
+        base = None if nfc is None else step_peak_mb(nfc)
+        plan = None if nfc is None else nfc.get("planned_mb")
+        cells = []
+        for fw in fws:
+            r = by.get((m, fw))
+            v = None if r is None else step_peak_mb(r)
+            text = "-" if v is None else f"{v:.1f}"
+            if v is not None and fw != "nfc" and base:
+                text += f" {v / base:.2f}x"
+            cells.append(f"{text:>18}")
+        lines.append(f"{m:<16} {'-' if plan is None else f'{plan:.1f}':>12} " + " ".join(cells))
+    lines.append("ratio = the framework's step peak / nfc's (above 1: nfc uses less)")
     return "\n".join(lines)
 
 

@@ -98,6 +98,9 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     rec["compile_s"] = time.perf_counter() - t0
     rec["frontend_s"] = t_front  # the frontend and the pass pipeline
     rec["compile_kind"] = "cached" if built.cached else "cold"
+    plan = getattr(built.artifact, "plans", {}).get("train_step")
+    if plan is not None:  # the static plan's peak (docs/memory.md); unknown for a cached build
+        rec["planned_mb"] = plan.memory_report().total / 2**20
     if spec.get("profile"):
         # a second library with kernel timers (nfc compile --profile), for the kernel table
         prof = build_library(module, str(out / "model-profile.so"), profile=True,
@@ -131,15 +134,19 @@ def case_pipeline(spec: Mapping[str, Any]) -> str:
 
 def run_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Time the library's train_step (see the module doc)."""
-    from nfc.runtime.loader import load
+    # the baseline as benchmarks/run_baseline.py takes it: the case read, the framework
+    # imported, nothing built yet; `step_peak_mb` is the peak above it
+    with np.load(spec["case"], allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    import nfc.codegen.artifact.initgen  # noqa: F401 - what `load` imports, like `import torch`
+    from nfc.runtime.loader import host_cpu_features, load
 
+    host_cpu_features()  # loads LLVM (llvmlite), as `load` does to check the CPU features
     rec: dict[str, Any] = {"rss_after_import_mb": current_rss_mb()}
     threads = int(spec.get("threads", 1))
     model = load(spec["so"])
     model.set_num_threads(threads)
     rec["threads_set"] = model.get_num_threads()
-    with np.load(spec["case"], allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
     model.load_state_dict({k.split(":", 1)[1]: v for k, v in arrays.items()
                            if k.split(":", 1)[0] in ROLES})
     inputs = {k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith("input:")}
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"{type(exc).__name__}: {lines[0] if lines else ''}"
         rec.update(status="error", error=msg[:400], traceback=traceback.format_exc()[-2000:])
     rec["peak_rss_mb"] = peak_rss_mb()
+    if argv[0] == "run" and rec.get("rss_after_import_mb") is not None:
+        rec["step_peak_mb"] = rec["peak_rss_mb"] - rec["rss_after_import_mb"]
     sys.stdout.write(json.dumps(rec) + "\n")
     sys.stdout.flush()
     return 0
