@@ -41,6 +41,8 @@ class TrainConfig:
     """Options of a training run (the `nfc train` flags)."""
 
     source: str
+    model: str | None = None
+    """The model to compile when the file defines several (`nfc train --model`)."""
     data: str = "auto"
     """A data set name, or `auto`: the one that fits the model's inputs (adapters.choose)."""
     resize: str = "bilinear"
@@ -86,6 +88,10 @@ class TrainConfig:
     evaluate: bool = True
     """Evaluate on the test split after every epoch (and at the end)."""
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr))
+    mode: str = "static"
+    """`dynamic`: explore and swap in better kernels while training (nfc.runtime.dynamic)."""
+    dynamic: Any = None
+    """nfc.runtime.dynamic.DynamicOptions of a dynamic run (None: the defaults)."""
 
 
 @dataclass
@@ -111,6 +117,8 @@ class TrainResult:
     """Time to compile (or find in the cache) and load the library."""
     cached: bool = False
     """Whether the library came from the cache (or a .so) rather than a fresh build."""
+    dynamic: Any = None
+    """nfc.runtime.dynamic.session.Summary of a dynamic run."""
 
 
 #: Steps cheaper than this many FLOPs run on one thread by default: a parallel region costs a
@@ -276,7 +284,7 @@ def _open_model(cfg: TrainConfig) -> _Opened:
                               use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse,
                               im2col=cfg.im2col, pipeline=cfg.pipeline, verify=cfg.verify,
                               print_ir_after=cfg.print_ir_after,
-                              time_passes=cfg.time_passes)
+                              time_passes=cfg.time_passes, model=cfg.model)
         if cfg.progress and built.tuning:
             cfg.log(f"nfc: {built.tuning}")
         model = load(built.path)
@@ -344,6 +352,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     """Run the training loop described by `cfg` (see the module doc)."""
     from nfc.runtime.profile import Profiler
 
+    if cfg.mode == "dynamic":
+        from nfc.runtime.dynamic.session import prepare_config
+
+        cfg = prepare_config(cfg)
     opened = _open_model(cfg)
     model = opened.model
     step_fn = model.functions["train_step"]
@@ -397,6 +409,14 @@ def train(cfg: TrainConfig) -> TrainResult:
         if metrics is not None:
             metrics.write(json.dumps(rec) + "\n")
 
+    dyn = None
+    if cfg.mode == "dynamic":
+        from nfc.runtime.dynamic.session import start_session
+
+        dyn = start_session(cfg, model, log)
+        threads = dyn.training_threads(threads, cfg.threads)
+        model.set_num_threads(threads)
+        bound = dyn.wrap(bound)
     try:
         while order.epoch < cfg.epochs and model.step < total:
             epoch_losses = []
@@ -407,8 +427,10 @@ def train(cfg: TrainConfig) -> TrainResult:
                 t0 = time.perf_counter()
                 out = bound()
                 dt = time.perf_counter() - t0
+                if dyn is not None:
+                    dyn.after_step(model.step, dt, threads)
                 if profiler is not None:
-                    profiler.add(step_fn.profile_events(), model.step)
+                    profiler.add(bound.fn.profile_events(), model.step)
                 loss = float(out["loss"]) if "loss" in out else float("nan")
                 losses.append(loss)
                 epoch_losses.append(loss)
@@ -438,6 +460,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 order.next_epoch()
         save()
     finally:
+        summary = dyn.stop() if dyn is not None else None
         progress.close()
         if metrics is not None:
             metrics.close()
@@ -448,14 +471,15 @@ def train(cfg: TrainConfig) -> TrainResult:
                                  "test_loss": tloss, "step_ms": step_s * 1e3,
                                  "data": ds.name, "data_note": ds.note,
                                  "compile_s": opened.seconds, "cached": opened.cached,
-                                 "threads": threads}) + "\n")
+                                 "threads": threads}
+                                | ({"dynamic": vars(summary)} if summary else {})) + "\n")
     if cfg.plot:
         plot_metrics(cfg.metrics, losses, cfg.plot, resume_step)
     if profiler is not None and cfg.trace:
         profiler.write_trace(cfg.trace)
     return TrainResult(model.step, model.step / order.batches_per_epoch, losses, acc, tloss,
                        step_s, model, threads, profiler, ds.name, ds.note, opened.seconds,
-                       opened.cached)
+                       opened.cached, dynamic=summary)
 
 
 def _epoch_line(rec: Mapping[str, Any]) -> str:
