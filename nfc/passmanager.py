@@ -255,13 +255,17 @@ def _describe(ep: EntryPoint) -> str:
 
 class PassRegistry:
     """Pass names -> pass classes, fed by the `nfc.passes` entry points (loaded lazily) and by
-    plugins loaded explicitly. A name registered twice is an error naming both sources."""
+    plugins loaded explicitly. A name that two entry points register (two packages) is an
+    error naming both, raised when that name is used: a broken plugin package does not stop
+    pipelines that do not use its name. A `--load-plugin` class taking a registered name is
+    refused at once."""
 
     def __init__(self, entry_points: Iterable[EntryPoint] | None = None) -> None:
         self._given = None if entry_points is None else list(entry_points)
         self._eps: dict[str, EntryPoint] | None = None
         self._loaded: dict[str, type[ModulePass]] = {}
         self._sources: dict[str, str] = {}
+        self._ambiguous: dict[str, str] = {}  # pass name -> the error naming both sources
 
     def entry_points(self) -> dict[str, EntryPoint]:
         """Registered entry points by pass name (nothing is imported)."""
@@ -274,8 +278,9 @@ class PassRegistry:
                 prev = found.get(ep.name)
                 if prev is not None and prev.value != ep.value:
                     first, second = sorted([_describe(prev), _describe(ep)])
-                    raise _fail(f"pass '{ep.name}' is registered twice: by {first} and by "
-                                f"{second}")
+                    self._ambiguous.setdefault(
+                        ep.name, f"pass '{ep.name}' is registered twice: by {first} and by "
+                                 f"{second}")
                 found.setdefault(ep.name, ep)
             self._eps = found
         return self._eps
@@ -296,6 +301,8 @@ class PassRegistry:
         if cls is not None:
             return cls
         ep = self.entry_points().get(name)
+        if name in self._ambiguous:
+            raise _fail(self._ambiguous[name] + "; uninstall one of them", loc)
         if ep is None:
             names = self.names()
             close = difflib.get_close_matches(name, names, n=1)

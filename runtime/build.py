@@ -102,11 +102,13 @@ def tune_pipeline_for(source: str | Path, pipeline: str | None = None, *,
 
 
 def frontend_module(path: str | Path, params: Mapping[str, Any] | None = None,
-                    optimizer: Mapping[str, Any] | None = None) -> Module:
+                    optimizer: Mapping[str, Any] | None = None, *,
+                    model: str | None = None) -> Module:
     """The frontend's module of a `.nf` model (`@forward` in training mode, and `@eval`
     compiled with `training` false when the forward draws random numbers or updates state),
     or the parsed module of a `.nfir` file; the `opt.<name>` settings applied to its
-    optimizer. The build pipeline starts from here."""
+    optimizer. `model` names the model of a file that holds several. The build pipeline
+    starts from here."""
     p = Path(path)
     if _is_ir_file(p):
         from nfc.irparser import parse_module
@@ -117,20 +119,22 @@ def frontend_module(path: str | Path, params: Mapping[str, Any] | None = None,
     from nfc.frontend import compile_file
     from nfc.passes.autodiff.train import eval_from_forward, needs_separate_eval
 
-    module = compile_file(p, params=dict(params or {}), training=True, require_model=True)
+    module = compile_file(p, params=dict(params or {}), training=True, require_model=True,
+                          model=model)
     apply_optimizer(module, optimizer or {})
     if module.has_func("forward") and needs_separate_eval(module.func("forward")):
-        ev = compile_file(p, params=dict(params or {}), training=False)
+        ev = compile_file(p, params=dict(params or {}), training=False, model=model)
         module.funcs.append(eval_from_forward(ev.func("forward")))
     return module
 
 
 def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
-                 optimizer: Mapping[str, Any] | None = None, *, im2col: bool = True) -> Module:
+                 optimizer: Mapping[str, Any] | None = None, *, im2col: bool = True,
+                 model: str | None = None) -> Module:
     """The module of a `.nf` model with @forward, @eval and (when it minimizes a loss)
     @train_step: the frontend, then `MODEL_PIPELINE` (without `im2col` when `im2col` is
     False); or the parsed module of a `.nfir` file."""
-    module = frontend_module(path, params, optimizer)
+    module = frontend_module(path, params, optimizer, model=model)
     if not _is_ir_file(path):
         run_pipeline(module, MODEL_PIPELINE if im2col else "training-functions")
     return module
@@ -154,7 +158,8 @@ def run_pipeline(module: Module, pipeline: str = DEFAULT_PIPELINE, *,
 def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
                  optimizer: Mapping[str, Any] | None = None, pipeline: str | None = None, *,
                  verify: bool = True, print_ir_after: bool | Collection[str] = (),
-                 timings: Any = None, stream: Any = None) -> tuple[Module, Any]:
+                 timings: Any = None, stream: Any = None,
+                 model: str | None = None) -> tuple[Module, Any]:
     """The module of the model file `source` through the build pipeline, and the pass
     manager's Context (`ctx.remarks["apply-tuning"]`: the tuned schedules used).
 
@@ -168,7 +173,7 @@ def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
     passes = build_pipeline(pipeline_for(source) if pipeline is None else pipeline)
     timings = timings if timings is not None else Timings()
     t0 = time.perf_counter()
-    module = frontend_module(source, params, optimizer)
+    module = frontend_module(source, params, optimizer, model=model)
     timings.add("parse" if _is_ir_file(source) else "frontend", time.perf_counter() - t0)
     ctx = Context(verify=verify, params=dict(params or {}))
     pm = PassManager(passes, verify=verify, print_ir_after=print_ir_after, stream=stream)
@@ -310,13 +315,14 @@ def compile_model(source: str | Path, output: str | None = None, *,
                   profile: bool = False, use_cache: bool = True, tuning: bool = True,
                   fuse: bool = True, im2col: bool = True, verify: bool = True,
                   print_ir_after: bool | Collection[str] = (),
-                  time_passes: bool = False) -> Built:
+                  time_passes: bool = False, model: str | None = None) -> Built:
     """The frontend, the build pipeline and the artifact for the model file `source`.
 
     The pipeline is `pipeline_for(source, pipeline, im2col=, tuning=, fuse=)`: the default
     build pipeline, or `pipeline` (the whole of it, as `-p`), less the passes the flags turn
     off. `verify`, `print_ir_after` are the pass manager's; `time_passes` prints the time of
-    the frontend, each pass and codegen to stderr at the end."""
+    the frontend, each pass and codegen to stderr at the end. `model` chooses among the
+    models of the file."""
     from nfc.passmanager import Timings
 
     check_model_source(source)
@@ -324,7 +330,7 @@ def compile_model(source: str | Path, output: str | None = None, *,
     text = pipeline_for(source, pipeline, im2col=im2col, tuning=tuning, fuse=fuse)
     timings = Timings()
     module, ctx = build_module(source, params, opt, text, verify=verify,
-                               print_ir_after=print_ir_after, timings=timings)
+                               print_ir_after=print_ir_after, timings=timings, model=model)
     t0 = time.perf_counter()
     built = build_library(module, output, profile=profile, use_cache=use_cache)
     timings.add("codegen" + (" (cached)" if built.cached else ""), time.perf_counter() - t0)
@@ -359,7 +365,8 @@ def check_model_source(source: str | Path) -> None:
 
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
                use_cache: bool = True, pipeline: str | None = None, tuning: bool = True,
-               log: Any = None, fuse: bool = True, im2col: bool = True):  # -> Model
+               log: Any = None, fuse: bool = True, im2col: bool = True,
+               model: str | None = None):  # -> Model
     """A loaded model from a `.so` (settings must be empty) or a model file (compiled by
     `compile_model` with these options; `log(line)` hears which tuned schedules were
     used)."""
@@ -372,7 +379,8 @@ def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: boo
             raise SettingError("--set applies when compiling; a .so is already compiled")
         return load(src)
     built = compile_model(src, settings=settings, pipeline=pipeline, profile=profile,
-                          use_cache=use_cache, tuning=tuning, fuse=fuse, im2col=im2col)
+                          use_cache=use_cache, tuning=tuning, fuse=fuse, im2col=im2col,
+                          model=model)
     if log is not None and built.tuning:
         log(f"nfc: {built.tuning}")
     return load(built.path)

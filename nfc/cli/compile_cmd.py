@@ -3,6 +3,7 @@
     nfc compile model.nf -o model.so                 # forward, eval, train_step, init
     nfc compile model.nf -o model.so --set batch=32 --set opt.lr=0.01
     nfc compile model.nf --emit=ir                   # the IR handed to codegen
+    nfc compile model.nf --db team.sqlite            # tuned schedules from this cache file
     nfc compile model.nf --emit=loops                # every kernel's loop nest
     nfc compile model.nf --emit=llvm -o model.ll     # LLVM IR after O3
     nfc compile model.nf -o model.so --profile       # kernel timing for `nfc train --profile`
@@ -13,8 +14,9 @@
 
 After the frontend, the module goes through one pass pipeline (docs/runtime.md, "Pipeline"):
 by default `im2col,training-functions,inline,canonicalize,cse,dce,apply-tuning,fuse`, whose
-`--no-im2col`, `--no-tuning`, `--no-fuse` remove a pass (`--emit=ir` leaves out
-`apply-tuning`: that IR does not depend on this machine's tuning cache); `-p` replaces it.
+`--no-im2col`, `--no-tuning`, `--no-fuse` remove a pass; `-p` replaces it and `--pass NAME`
+appends one (as in `nfc opt`). `--emit=ir` prints the IR codegen gets, tuned schedules
+included; `--db PATH` reads them from that tuning cache file (as `nfc tune --db`).
 `--set` takes model parameters (`batch=32`) and optimizer hyperparameters as `opt.<name>`.
 The library exports a C ABI (docs/runtime.md); load it with `nfc.load("model.so")` or link it
 from C (examples/c_driver).
@@ -29,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
-from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags, pass_manager_options
+from nfc.cli.pipeline_args import (
+    add_build_pipeline_arguments,
+    add_model_argument,
+    build_flags,
+    pass_manager_options,
+)
 
 EMITS = ("so", "ir", "loops", "llvm", "header", "cuda", "cuda-loops")
 
@@ -51,6 +58,12 @@ def add_parser(subparsers: Any) -> None:
                    metavar="NAME", help="compile only this function (repeatable)")
     p.add_argument("--profile", action="store_true",
                    help="time every kernel call (for nfc train --profile)")
+    p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
+                   help="append a pass (with options: 'name{k=v}') to the pipeline; repeatable")
+    p.add_argument("--db", metavar="PATH",
+                   help="tuning cache file the apply-tuning pass reads (default: "
+                        "$NFC_CACHE_DIR/tuning.sqlite, as nfc tune --db)")
+    add_model_argument(p)
     add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
 
@@ -64,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
         build_module,
         check_model_source,
         parse_settings,
-        pipeline_for,
     )
     from nfc.runtime.loader import ArtifactError
 
@@ -87,16 +99,14 @@ def run(args: argparse.Namespace) -> int:
         params, opt = parse_settings(args.settings)
     except (SettingError, ArtifactError) as exc:
         raise UsageError(str(exc)) from None
-    flags = build_flags(args)
-    # the IR printed by --emit=ir does not depend on this machine's tuning cache
-    flags["tuning"] &= args.emit != "ir"
-    pipeline = pipeline_for(src, args.pipeline, **flags)
+    pipeline = _pipeline(args, src)
     pm_options = pass_manager_options(args)
     if args.print_pipeline:
         print(pipeline)
         return 0
     timings = Timings()
-    module, ctx = build_module(src, params, opt, pipeline, timings=timings, **pm_options)
+    module, ctx = build_module(src, params, opt, pipeline, timings=timings, model=args.model,
+                               **pm_options)
     if args.functions:
         missing = [f for f in args.functions if not module.has_func(f)]
         if missing:
@@ -107,6 +117,27 @@ def run(args: argparse.Namespace) -> int:
     if args.time_passes:
         print(timings.report(), file=sys.stderr)
     return code
+
+
+def _pipeline(args: argparse.Namespace, src: Path) -> str:
+    """The build pipeline (`-p` or the default, less the `--no-*` passes), then the `--pass`
+    passes; `--db` given to its `apply-tuning`."""
+    import dataclasses
+
+    from nfc.passmanager import build_pipeline, format_pipeline
+    from nfc.runtime.build import FLAG_PASSES, pipeline_for
+
+    pipeline = ",".join(p for p in [pipeline_for(src, args.pipeline, **build_flags(args)),
+                                     *args.passes] if p)
+    if args.db is None:
+        return pipeline
+    passes = build_pipeline(pipeline)
+    tuning = FLAG_PASSES["tuning"]
+    if not any(p.name == tuning for p in passes):
+        raise UsageError(f"--db: the pipeline has no {tuning} pass to read it "
+                         f"({pipeline or 'empty'})")
+    return format_pipeline([dataclasses.replace(p, db=args.db) if p.name == tuning else p
+                            for p in passes])
 
 
 def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | None, note: str,
@@ -148,6 +179,9 @@ def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | N
     for name, fm in meta["functions"].items():
         print(f"  {name}: {len(fm['kernels'])} kernels, arena {fm['arena_bytes']:,} bytes "
               f"(without reuse {fm['naive_bytes']:,}), {fm['copies']} copies", file=sys.stderr)
+        plan = built.artifact.plans.get(name) if built.artifact is not None else None
+        if plan is not None:
+            print(f"    memory: {plan.memory_report().summary()}", file=sys.stderr)
     n_tensors = sum(1 for _ in meta["tensors"])
     print(f"  init: {n_tensors} tensors, seeded ({meta['init']['generator'].split(':')[0]})",
           file=sys.stderr)

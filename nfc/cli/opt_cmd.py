@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
-from nfc.cli.pipeline_args import add_pass_manager_arguments, pass_manager_options
+from nfc.cli.pipeline_args import (
+    add_model_argument,
+    add_pass_manager_arguments,
+    pass_manager_options,
+)
 
 #: What `--split-input-file` splits on (the whole line; `#` in .nf files).
 SPLIT_RE = re.compile(r"^[ \t]*(?://|#) -----[ \t]*$", re.MULTILINE)
@@ -56,6 +60,7 @@ def add_parser(subparsers: Any) -> None:
                         "optimizer; repeatable")
     p.add_argument("--inference", action="store_true",
                    help="compile a .nf input with `training` false")
+    add_model_argument(p)
     p.add_argument("--eval", action="store_true",
                    help="run every function before and after the pipeline in the numpy "
                         "interpreter on random inputs and fail if a result changes")
@@ -119,8 +124,9 @@ def split_input(text: str) -> list[str]:
 
 
 def load_module(text: str, filename: str, *, params: dict[str, int | float | bool] | None = None,
-                training: bool = True) -> Any:
-    """The module of IR text or .nf source (sniffed as in `is_ir`)."""
+                training: bool = True, model: str | None = None) -> Any:
+    """The module of IR text or .nf source (sniffed as in `is_ir`); `model` chooses among the
+    models of a .nf file."""
     if is_ir(text, filename):
         from nfc.irparser import parse_module
         module = parse_module(text, filename)
@@ -129,7 +135,7 @@ def load_module(text: str, filename: str, *, params: dict[str, int | float | boo
             check_schedule_attrs(module.funcs)
         return module
     from nfc.frontend import compile_source
-    return compile_source(text, filename, params=params, training=training)
+    return compile_source(text, filename, params=params, training=training, model=model)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +311,8 @@ def _process(state: _Run, text: str, filename: str) -> tuple[str | None, list[An
     try:
         passes = build_pipeline(state.pipeline)  # per chunk: its errors may be expected
         t0 = time.perf_counter()
-        module = load_module(text, filename, params=state.params, training=not args.inference)
+        module = load_module(text, filename, params=state.params, training=not args.inference,
+                             model=args.model)
         apply_optimizer(module, state.optimizer)
         state.timings.add("parse" if is_ir(text, filename) else "frontend",
                           time.perf_counter() - t0)

@@ -20,6 +20,12 @@ BUILD_FLAGS = {
 }
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """`--model NAME`: which model of a file that defines several (`model=` of the frontend)."""
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="the model to compile when the file defines several")
+
+
 def add_pass_manager_arguments(p: argparse.ArgumentParser) -> None:
     """`--print-ir-after-all`, `--print-ir-after NAME`, `--time-passes`, `--no-verify`."""
     p.add_argument("--print-ir-after-all", action="store_true",

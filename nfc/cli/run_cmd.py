@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from nfc.cli import UsageError
+from nfc.cli.pipeline_args import add_model_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,8 +35,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--checkpoint", metavar="DIR|FILE.json",
                    help="parameters from a checkpoint (its directory: the latest)")
     p.add_argument("--seed", type=int, default=0, help="init seed when no checkpoint")
-    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
+                   help="a model parameter, or opt.<name> for the optimizer, when compiling a "
+                        "model file (repeatable)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads of parallel loops (default: as nfc train picks them)")
+    add_model_argument(p)
     p.add_argument("--info", action="store_true", help="describe the library and exit")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
@@ -71,7 +76,7 @@ def _describe(args: argparse.Namespace) -> None:
         if args.settings:
             raise SettingError("--set applies when compiling; a .so is already compiled")
     else:
-        path = compile_model(path, settings=args.settings).path
+        path = compile_model(path, settings=args.settings, model=args.model).path
     _info(path, read_metadata(path))
 
 
@@ -129,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if args.info:
             _describe(args)
             return 0
-        model = load_model(args.file, settings=args.settings)
+        model = load_model(args.file, settings=args.settings, model=args.model)
         name = _function(model, args.function)
         model.set_num_threads(args.threads or default_threads(model.metadata, name))
         if args.checkpoint:

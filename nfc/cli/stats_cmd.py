@@ -2,7 +2,8 @@
 
     nfc stats model.nf                      # the forward function(s)
     nfc stats model.nf --pass autodiff      # the training graph: forward, backward, update
-    nfc stats module.nfir --func train_step --set batch=32
+    nfc stats module.nfir --function train_step --set batch=32
+    nfc stats model.nf --pass autodiff --memory   # peak memory of each step (docs/memory.md)
 
 Counting rules are those of `nfc.cost` (guards count what is taken; bytes are compulsory
 traffic). `points` is the iteration space (output times reduction axes).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from nfc.cli.pipeline_args import add_model_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -24,12 +27,18 @@ def add_parser(subparsers: Any) -> None:
                    help="passes to run first, e.g. 'autodiff' or 'inline,autodiff'")
     p.add_argument("--pass", dest="passes", action="append", default=[], metavar="NAME",
                    help="append a pass to run first (repeatable)")
-    p.add_argument("--func", dest="funcs", action="append", default=[], metavar="NAME",
+    p.add_argument("--function", dest="funcs", action="append", default=[], metavar="NAME",
                    help="only this function (repeatable)")
+    # the old spelling, kept working but not advertised
+    p.add_argument("--func", dest="funcs", action="append", help=argparse.SUPPRESS)
     p.add_argument("--set", dest="params", action="append", default=[], metavar="NAME=VALUE",
                    help="override a model parameter of a .nf input")
     p.add_argument("--inference", action="store_true",
                    help="compile a .nf input with `training` false")
+    add_model_argument(p)
+    p.add_argument("--memory", action="store_true",
+                   help="report each function's peak memory: arena (and its lower bound), "
+                        "parameters, optimizer state, saved activations by call site")
     p.set_defaults(func=run)
 
 
@@ -74,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     text, filename = read_input(args.file)
     module = load_module(text, filename, params=parse_params(args.params),
-                         training=not args.inference)
+                         training=not args.inference, model=args.model)
     pipeline = ",".join(p for p in [args.pipeline, *args.passes] if p)
     if pipeline:
         from nfc.passmanager import Context, build_pipeline
@@ -86,5 +95,22 @@ def run(args: argparse.Namespace) -> int:
     missing = [n for n in args.funcs if not module.has_func(n)]
     if missing:
         raise UsageError(f"no function @{missing[0]} in the module")
+    if getattr(args, "memory", False):
+        print(format_memory(module, args.funcs or None), end="")
+        return 0
     print(format_table(module, args.funcs or None), end="")
     return 0
+
+
+def format_memory(module: Any, funcs: list[str] | None = None) -> str:
+    """The memory report of every function (or those named): the IR level static plan of
+    nfc.passes.memplan, which the artifact's plan equals but for kernel workspaces."""
+    from nfc.passes.memplan import memory_report
+
+    lines: list[str] = []
+    for f in module.funcs:
+        if (funcs and f.name not in funcs) or not f.body.ops:
+            continue
+        lines += memory_report(f).lines()
+        lines.append("")
+    return "\n".join(lines)

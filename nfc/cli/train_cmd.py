@@ -27,7 +27,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from nfc.cli import UsageError
-from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags, pass_manager_options
+from nfc.cli.pipeline_args import (
+    add_build_pipeline_arguments,
+    add_model_argument,
+    build_flags,
+    pass_manager_options,
+)
 
 #: `--epochs` when only `--max-steps` bounds the run: the steps end it first.
 UNTIL_MAX_STEPS = 1 << 30
@@ -79,6 +84,16 @@ def add_parser(subparsers: Any) -> None:
                    help="skip the test-split evaluation after each epoch (short runs)")
     p.add_argument("--compare-torch", action="store_true",
                    help="time the same step in PyTorch eager, when installed")
+    p.add_argument("--mode", choices=("static", "dynamic"), default="static",
+                   help="dynamic: start at once on the cached schedules, search better "
+                   "kernels in the background and swap verified libraries in between steps "
+                   "(docs/dynamic.md)")
+    p.add_argument("--explore-threads", type=int, default=1, metavar="N",
+                   help="with --mode dynamic: cores for the background search (default 1; "
+                   "training is pinned to the others; 0: no search)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="with --mode dynamic: only bitwise-reproducible schedules")
+    add_model_argument(p)
     add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
 
@@ -122,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads, progress=not args.quiet, step_delay=args.step_delay,
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
         pipeline=args.pipeline, **flags, **pm_options, time_passes=args.time_passes,
-        evaluate=not args.no_eval)
+        model=args.model,
+        evaluate=not args.no_eval, mode=args.mode, dynamic=_dynamic_options(args))
     try:
         with _sleeping_omp_threads():
             res = train(cfg)
@@ -145,12 +161,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"test accuracy: {res.test_accuracy * 100:.2f}%")
     if res.test_loss is not None:
         print(f"test loss: {res.test_loss:.4f}")
+    if res.dynamic is not None:
+        for line in res.dynamic.lines():
+            print(line)
     if res.profile is not None:
         print(res.profile.table())
         print(f"chrome trace: {cfg.trace}")
     if args.compare_torch:
         _compare_torch(res, res.threads)
     return 0
+
+
+def _dynamic_options(args: argparse.Namespace) -> Any:
+    if args.mode != "dynamic":
+        if args.explore_threads != 1 or args.reproducible:
+            raise UsageError("--explore-threads and --reproducible apply to --mode dynamic")
+        return None
+    if args.explore_threads < 0:
+        raise UsageError("--explore-threads must be >= 0")
+    from nfc.runtime.dynamic import DynamicOptions
+
+    return DynamicOptions(explore_threads=args.explore_threads, reproducible=args.reproducible,
+                          seed=args.seed)
 
 
 @contextlib.contextmanager

@@ -115,7 +115,8 @@ def compile_source(text: str, filename: str, *, params: Params | None = None,
             chosen = seen[model]
         elif len(seen) > 1:
             diags.append(Diagnostic("error", f"{filename} has several models "
-                                    f"({', '.join(seen)}); choose one", models[1].loc))
+                                    f"({', '.join(seen)}); choose one with --model NAME "
+                                    "(model= from Python)", models[1].loc))
             raise CompileError(diags)
         else:
             chosen = models[0]

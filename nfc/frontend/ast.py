@@ -293,6 +293,9 @@ class Decl(Stmt):
     target: Target
     type: TypeExpr
     init: Expr | None
+    flags: tuple[tuple[str, Loc], ...] = ()
+    """`frozen` (a param the optimizer leaves alone), `grad` (an input whose gradient
+    `@train_step` returns), with their locations."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
   the compile-time value `v`; the constant is weakly typed (like a literal), so it takes the
   dtype of what it meets and is f32 (i32 for an integer `v`) when bound to a name alone.
 - `zeros_like(x)`: zeros of the shape and dtype of `x`.
+- `stop_gradient(x)`: the value of `x`, through which autodiff passes no gradient (a copy
+  compute carrying `nf.stop_gradient = true`).
 The parentheses of `zeros<[...]>()` and `full<[...], v>()` are optional.
 """
 
@@ -18,24 +20,24 @@ from nfc.frontend import ast, scalars
 from nfc.frontend.limits import check_elements
 from nfc.frontend.scalars import SV
 from nfc.frontend.shapes import CTValue, eval_ct, format_ct
-from nfc.frontend.tensors import TV, reshape_body, transpose_body
+from nfc.frontend.tensors import TV, compute, reshape_body, transpose_body
 from nfc.ir import Const
 
 if TYPE_CHECKING:
     from nfc.frontend.lower import Lowering
 
-BUILTINS = ("reshape", "transpose", "zeros", "full", "zeros_like")
+BUILTINS = ("reshape", "transpose", "zeros", "full", "zeros_like", "stop_gradient")
 
 #: Compile-time parameters of each builtin, in order (they may be given by position).
 _PARAMS = {"reshape": ("shape",), "transpose": ("perm",), "zeros": ("shape",),
-           "full": ("shape", "value"), "zeros_like": ()}
+           "full": ("shape", "value"), "zeros_like": (), "stop_gradient": ()}
 
 
 def _targs(low: Lowering, e: ast.Call) -> dict[str, CTValue]:
     names = _PARAMS[e.fn]
     usage = {"reshape": "reshape<[d0, d1, ...]>(x)", "transpose": "transpose<[p0, ...]>(x)",
              "zeros": "zeros<[d0, d1, ...]>", "full": "full<[d0, d1, ...], value>",
-             "zeros_like": "zeros_like(x)"}[e.fn]
+             "zeros_like": "zeros_like(x)", "stop_gradient": "stop_gradient(x)"}[e.fn]
     out: dict[str, CTValue] = {}
     for k, ta in enumerate(e.targs):
         name = ta.name if ta.name is not None else names[k] if k < len(names) else None
@@ -69,6 +71,8 @@ def builtin(low: Lowering, e: ast.Call) -> TV:
         return TV(shape, scalars.const(value))
     low.arity(e, 1)
     src = low.tv(e.args[0])
+    if e.fn == "stop_gradient":
+        return stop_gradient(low, src, e.loc)
     if e.fn == "zeros_like":
         ty = src.sv.ty
         zero: int | float | bool = {"int": 0, "float": 0.0, "bool": False}[ty.kind]
@@ -79,3 +83,15 @@ def builtin(low: Lowering, e: ast.Call) -> TV:
     if e.fn == "reshape":
         return reshape_body(src, value, e.loc)
     return transpose_body(src, value, e.loc)
+
+
+def stop_gradient(low: Lowering, src: TV, loc: ast.Loc) -> TV:
+    """A copy of `src` marked `nf.stop_gradient = true`: a compute of its own, so the mark
+    cannot be lost by fusing the expression into its consumer."""
+    if src.sv.ty.dtype is None:  # a weak constant has no gradient anyway
+        return src
+    op = compute(src.shape, src.sv, None, loc, None)
+    op.attrs["nf.stop_gradient"] = True
+    low.ctx.emit(op)
+    low.ctx.check_bounds(op)
+    return TV.of(op.result)

@@ -362,7 +362,9 @@ class Elaborator(Lowering):
         out = []
         for name, t, p in zip(names, types, op.outputs, strict=True):
             b = env.vars.get(name) if name is not None else None
-            if b is POISON or (frame.failed and not isinstance(b, TensorInfo)):
+            # after a failed statement, the result the body seems to have (an earlier valid
+            # statement, when the failed one was last) proves nothing: say no more
+            if b is POISON or frame.failed:
                 raise Poisoned
             if not isinstance(b, TensorInfo):
                 what = f"output '{name}'" if name else "its result"

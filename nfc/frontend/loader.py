@@ -21,8 +21,8 @@ from nfc.ir import Loc
 
 #: Names an op may not take: casts and builtins. (An op may share an intrinsic's name, like the
 #: stdlib's `tanh`; calls then mean the intrinsic, which works on every rank.)
-RESERVED = {*DTYPES, "reshape", "transpose", "zeros", "full", "zeros_like", "training", "inf",
-            "nan"}
+RESERVED = {*DTYPES, "reshape", "transpose", "zeros", "full", "zeros_like", "stop_gradient",
+            "training", "inf", "nan"}
 
 
 def std_dir() -> Path:

@@ -86,6 +86,15 @@ class ModelState:
             raise error(f"'{name}' is already declared", d.target.loc,
                         note("first declared here", self.declared[name].loc))
         t = self.type_of(el, d.type, name)
+        for flag, loc in d.flags:
+            wants = {"frozen": "param", "grad": "input"}[flag]
+            if d.kind != wants:
+                raise error(f"'{flag}' applies only to {wants} declarations, not to "
+                            f"{'an' if d.kind == 'input' else 'a'} {d.kind}", loc)
+            if flag == "grad" and not t.dtype.is_float:
+                raise error(f"input '{name}' is {t.dtype}: only a float input has a gradient",
+                            loc)
+        flags = {f for f, _ in d.flags}
         self.declared[name] = d
         values = {k: v.value for k, v in el.env.vars.items() if isinstance(v, CT)}
         if d.kind == "random":
@@ -101,13 +110,15 @@ class ModelState:
             if d.kind == "input":
                 if d.init is not None:
                     raise error("an input takes no initializer", d.init.loc)
+                if "grad" in flags:
+                    attrs["nf.grad"] = True
             else:
                 if d.init is None and d.kind == "param":
                     raise error(f"param '{name}' needs an initializer, e.g. "
                                 "`= normal(0.0, 0.1)`", d.loc)
                 attrs["nf.init"] = init_text(el, d.init) if d.init is not None else "zeros"
                 if d.kind == "param":
-                    attrs["nf.trainable"] = True
+                    attrs["nf.trainable"] = "frozen" not in flags
                 else:
                     self.states[name] = value
             self.args.append(value)

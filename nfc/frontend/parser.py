@@ -29,6 +29,8 @@ _EXPR_START = {"NAME", "INT", "FLOAT", "LPAR", "MINUS", "NOT", "TRUE", "FALSE", 
 _OPERATORS = {"PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "LT", "LE", "GT", "GE",
               "EQEQ", "NE", "AND", "OR"}
 DECL_KINDS = ("input", "param", "state", "random")
+#: Words that may end a declaration: `param w: ... = init frozen`, `input x: ... grad`.
+DECL_FLAGS = ("frozen", "grad")
 _CLOSING = {"RPAR", "RSQB", "RBRACE", "RED_RPAR", "COMMA", "GT"}
 
 
@@ -69,6 +71,7 @@ class _PostLex:
 
         parens: list[str | None] = []  # for each open '(' or '[': the reduction op before it
         prev: Token | None = None
+        decl_line = -1  # the line of the last declaration's start (`param w: ...`)
         while True:
             tok = peek(0)
             if tok is None:
@@ -96,6 +99,15 @@ class _PostLex:
                 if a is not None and (a.type == "LSQB" or (
                         a.type == "NAME" and b is not None and b.type == "EQ")):
                     tok = Token.new_borrow_pos("TPL_LT", tok.value, tok)
+            elif t == "NAME" and tok.value in DECL_KINDS and not parens:
+                a, b = peek(0), peek(1)
+                if a is not None and a.type == "NAME" and b is not None and b.type == "COLON":
+                    decl_line = tok.line
+            elif t == "NAME" and tok.value in DECL_FLAGS and not parens and prev is not None \
+                    and prev.end_line == tok.line == decl_line:
+                nxt = peek(0)
+                if nxt is None or nxt.line != tok.end_line or nxt.type == "RBRACE":
+                    tok = Token.new_borrow_pos("DECL_FLAG", tok.value, tok)
             elif t == "IF" and (prev is None or prev.type in ("LBRACE", "RBRACE", "ELSE") or (
                     not parens and tok.line != prev.end_line)):
                 tok = Token.new_borrow_pos("STMT_IF", tok.value, tok)
@@ -248,9 +260,13 @@ class _Build(Transformer):
 
     def decl(self, kids: list[Any]) -> ast.Decl:
         self._kind(kids[0], DECL_KINDS, "declaration")
-        init = kids[5] if len(kids) > 5 else None
-        return ast.Decl(self.loc(kids[0], kids[-1] if kids[-1] is not None else kids[3]),
-                        str(kids[0]), self.tloc(kids[0]), self.target(kids[1]), kids[3], init)
+        flags = [k for k in kids[4:] if isinstance(k, Token) and k.type == "DECL_FLAG"]
+        rest = kids[:len(kids) - len(flags)]
+        init = rest[5] if len(rest) > 5 else None
+        last = kids[-1] if kids[-1] is not None else kids[3]
+        return ast.Decl(self.loc(kids[0], last), str(kids[0]), self.tloc(kids[0]),
+                        self.target(kids[1]), kids[3], init,
+                        tuple((str(f), self.tloc(f)) for f in flags))
 
     def update(self, kids: list[Any]) -> ast.Update:
         self._kind(kids[0], ("update",), "statement")

@@ -4,15 +4,16 @@ From a module whose `@forward` names its results (`nf.results`) and whose attrib
 loss (`nf.loss`) and the optimizer (`nf.optimizer`), `build_train_step` makes
 
     nf.func @train_step(<forward args>, <optimizer state args>) -> (
-        <forward results>, <new params>, <new optimizer state>)
+        <forward results>, <new params>, <input gradients>, <new optimizer state>)
       attributes {nf.results = [..., "param:w", "opt_state:w_m", ...],
                   nf.inplace = {"<result index>": "<argument name>", ...}}
 
 Forward results named `state:<name>` (running statistics of batch norm, written by `update`
 statements) are updated in place too. Trainable parameters are the args with role "param"
-whose `nf.trainable` is not false; inputs, state and rng args get no gradient. Dropout masks
-are forward values (`philox` computes keyed by the rng arg), so the backward reads the very
-mask the forward used.
+whose `nf.trainable` is not false; inputs, state and rng args get no gradient, except inputs
+marked `nf.grad = true`, whose gradients are results `grad:<name>` (after the new params).
+Dropout masks are forward values (`philox` computes keyed by the rng arg), so the backward
+reads the very mask the forward used.
 
 `@eval`: when `@forward` has no rng argument and no state results, its copy without update
 results is added as `@eval`. Otherwise the module was compiled in training mode and its
@@ -33,12 +34,21 @@ from nfc.passes.dce import dce_func
 from nfc.rewrite import Rewriter
 
 STATE_PREFIX = "state:"
+GRAD_PREFIX = "grad:"
 
 
 def trainable_params(func: Func) -> list[Value]:
     """Args with role "param", a float dtype and `nf.trainable` not false."""
     return [a for a, attrs in zip(func.args, func.arg_attrs, strict=True)
             if attrs.get("nf.role") == "param" and attrs.get("nf.trainable", True) is not False
+            and a.dtype.is_float]
+
+
+def grad_inputs(func: Func) -> list[Value]:
+    """Float args with role "input" and `nf.grad = true` (`input x: ... grad`): their
+    gradients are results `grad:<name>` of `@train_step`."""
+    return [a for a, attrs in zip(func.args, func.arg_attrs, strict=True)
+            if attrs.get("nf.role") == "input" and attrs.get("nf.grad") is True
             and a.dtype.is_float]
 
 
@@ -71,9 +81,12 @@ def build_train_step(module: Module, forward: str = "forward",
     if not loss.dtype.is_float:
         raise error(f"the loss '{loss_name}' has type {loss.type}; it must be a float", fwd.loc)
     params = trainable_params(f)
-    if not params:
+    wanted = grad_inputs(f)
+    if not params and not wanted:
         raise error(f"@{forward} has no trainable parameters to update", fwd.loc)
-    bwd_ops, grads = reverse_mode(f, loss, params)
+    bwd_ops, grads = reverse_mode(f, loss, params + wanted)
+    input_grads = grads[len(params):]
+    grads = grads[:len(params)]
     used = {a.name for a in f.args if a.name}
     upd_ops: list[Any] = []
     ub = UpdateBuilder(spec, upd_ops, fwd.loc)
@@ -96,6 +109,9 @@ def build_train_step(module: Module, forward: str = "forward",
         inplace[str(len(results))] = p.name or ""
         results.append(new)
         res_names.append(f"param:{p.name}")
+    for x, g in zip(wanted, input_grads, strict=True):
+        results.append(g)
+        res_names.append(f"{GRAD_PREFIX}{x.name}")
     for st in ub.states:
         assert st.new is not None
         f.args.append(st.arg)

@@ -75,3 +75,33 @@ model m {{
 }}
 """
     assert errors(src) == [f"6:9: {message}"]
+
+
+FAILED_LAST = """op f(x: T[N, D], w: T[D, H]) -> T[N, D] {
+  y[n, h] = sum(d) x[n, d] * w[d, h]
+  z[n, d] = (sum(j) y[n, j] * x[n, j]) + x[n, d]
+}
+
+model m {
+  input x: f64[3, 5]
+  param w: f64[5, 20] = zeros
+  o = f(x, w)
+  q = o * 2.0
+  output q
+}
+"""
+
+
+def test_a_failed_last_statement_does_not_blame_an_earlier_one() -> None:
+    # the last statement fails; `y` (valid, of another shape) is not taken for the result
+    # and blamed with "result of 'f' is f64[3, 20] but the op declares T[N, D]"
+    assert errors(FAILED_LAST) == [
+        "3:36: conflicting ranges for index 'j': 'y' dimension 1 has size 20 but 'x' "
+        "dimension 1 has size 5"]
+
+
+def test_a_wrong_result_is_still_reported_when_the_body_is_valid() -> None:
+    # a valid last statement of the wrong shape is the op's error, reported once
+    src = FAILED_LAST.replace("  z[n, d] = (sum(j) y[n, j] * x[n, j]) + x[n, d]\n",
+                              "  t = transpose<[1, 0]>(x)\n")
+    assert errors(src) == ["3:3: cannot broadcast shapes [5, 3] and [3, 5] in the result"]

@@ -95,7 +95,8 @@ def test_a_second_registration_of_a_name_is_refused(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: evil-cse\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[nfc.passes]\ncse = evil_cse:CSE\n")
-    proc = run(["passes"], tmp_path)
+    proc = run(["passes"], tmp_path)  # lists every pass; the ambiguous one as an error
     assert proc.returncode == 1
     assert ("pass 'cse' is registered twice: by evil_cse:CSE (from evil-cse) and by "
-            "nfc.passes.cse:CSE (from nfc)") in proc.stderr
+            "nfc.passes.cse:CSE (from nfc)") in proc.stdout
+    assert "\ndce\n" in proc.stdout

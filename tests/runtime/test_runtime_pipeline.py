@@ -99,9 +99,10 @@ def test_the_default_pipeline(capsys):
     code, out, _ = _out(capsys, "compile", TINY, "-p", "cse,fuse{max-ops=4}",
                         "--print-pipeline")
     assert code == 0 and out == "cse,fuse{max-ops=4}\n"
-    # --emit=ir leaves out apply-tuning: that IR does not depend on the tuning cache
+    # --emit=ir runs the pipeline codegen gets, apply-tuning included
     code, out, _ = _out(capsys, "compile", TINY, "--emit=ir", "--print-pipeline")
-    assert code == 0 and out == "im2col,training-functions,inline,canonicalize,cse,dce,fuse\n"
+    assert code == 0 and out == ("im2col,training-functions,inline,canonicalize,cse,dce,"
+                                 "apply-tuning,fuse\n")
 
 
 def test_print_pipeline_of_a_library_is_a_usage_error(capsys, tmp_path):
@@ -263,7 +264,13 @@ def test_the_default_pipeline_gives_the_ir_of_the_old_hard_coded_build(
 
 def test_compile_emit_ir_is_the_old_builds_ir(capsys, monkeypatch, tuned_cache):
     monkeypatch.setenv("NFC_CACHE_DIR", str(tuned_cache))
+    # --emit=ir prints what codegen gets: the tuned schedules of the cache included
     code, out, err = _out(capsys, "compile", MLP, "--emit=ir", "--set", "batch=8")
+    assert code == 0, err
+    assert out == print_module(old_build(MLP, ["batch=8"]))
+    assert out != print_module(old_build(MLP, ["batch=8"], tuning=False))
+    code, out, err = _out(capsys, "compile", MLP, "--emit=ir", "--set", "batch=8",
+                          "--no-tuning")
     assert code == 0, err
     assert out == print_module(old_build(MLP, ["batch=8"], tuning=False))
 
