@@ -15,6 +15,6 @@ model tiny(batch = 2) {
 
 model tiny(batch = 2) {
   input  x: f32[batch, 4]
-  y = nosuchop(x) # expected-error {{nosuchop}}
+  y = nosuchop(x)  # expected-error {{nosuchop}}
   output y
 }
