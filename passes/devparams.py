@@ -2,14 +2,16 @@
 
 The `fuse` pass estimates `R = ΔT/P_d + ΔC/P_c + ΔK·L` for every candidate merge. The device
 enters only through the numbers here. Passes may not import the backend or the runtime
-(layering), so these are plain data with defaults of a 2-vCPU server core (the
-machine behind a run may be an AVX2-only or an AVX-512 CPU: measure it) and are given to the pass as options:
+(layering), so these are plain data with defaults of a 2-vCPU server core (the machine
+behind a run may be an AVX2-only or an AVX-512 CPU: measure it) and are given to the pass as
+options:
 
     nfc opt model.nf -p 'fuse{bandwidth-gbs=15,peak-gflops=80,region-us=2}'
 
 `nfc.codegen.devbench.measure()` measures them on the machine with JIT-compiled
 micro-kernels, and `nfc.runtime.devparams.device_params()` caches that measurement in the
-tuning cache (keyed by the CPU category) and prints the option string for the pipeline.
+tuning cache (keyed by the CPU category) and prints the option string for the pipeline;
+`fuse{params=measured}` reads that cached measurement (`measured_device_params`).
 """
 
 from __future__ import annotations
@@ -72,3 +74,21 @@ class DeviceParams:
 
 #: The defaults, for the machine class the project targets.
 DEFAULT_DEVICE = DeviceParams()
+
+
+#: Entry-point group of the functions that return this machine's measured parameters, or
+#: None when nothing was measured (nfc.runtime registers the tuning cache's lookup; passes
+#: may not import the runtime).
+PROVIDERS_GROUP = "nfc.device_params"
+
+
+def measured_device_params() -> DeviceParams | None:
+    """This machine's measured parameters from the first provider that has them, else None.
+    Nothing is measured here: a provider only looks its cache up."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=PROVIDERS_GROUP), key=lambda e: e.name):
+        found = ep.load()()
+        if found is not None:
+            return found
+    return None

@@ -50,6 +50,30 @@ def device_params(db: str | Path | None = None, *, refresh: bool = False,
     return params_from(timings)
 
 
+def cached_device_params(db: str | Path | None = None) -> DeviceParams | None:
+    """This machine's parameters when every benchmark's timing is in the tuning cache under
+    its CPU category, else None; measures nothing (the `nfc.device_params` provider the
+    `fuse{params=measured}` pass option reads)."""
+    from nfc.codegen.devbench import BENCH_VERSION, BENCHMARKS, Timing, params_from
+    from nfc.runtime.tuning import TuningCache, cpu_category, default_cache_path
+
+    path = Path(db) if db is not None else default_cache_path()
+    if not path.exists():
+        return None
+    category = cpu_category(purpose="device-parameters")
+    cache = TuningCache(path)
+    try:
+        timings: dict[str, Timing] = {}
+        for name in BENCHMARKS:
+            entry = cache.best(category, f"{BENCH_VERSION}:{name}")
+            if entry is None or entry.time is None:
+                return None
+            timings[name] = Timing(name, dict(entry.schedule), float(entry.time))
+    finally:
+        cache.close()
+    return params_from(timings)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the measured parameters as a `fuse` pipeline entry."""
     p = argparse.ArgumentParser(prog="python -m nfc.runtime.devparams",

@@ -7,17 +7,20 @@ Modules: `cost` (the optimistic price of a group, mirroring the CPU backend's gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from nfc.diagnostics import CompileError
 from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Op, YieldOp
-from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
+from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams, measured_device_params
 from nfc.passes.fusion.cost import CostModel
-from nfc.passes.fusion.partition import Group, Options, Partitioner
+from nfc.passes.fusion.partition import Decision, Group, Options, Partitioner
 from nfc.passmanager import Context, ModulePass
+from nfc.printer import Namer
 from nfc.rewrite import Rewriter
 
-__all__ = ["FUSION_ATTR", "Fuse", "fuse_func"]
+__all__ = ["FUSION_ATTR", "Fuse", "explain_text", "fuse_func"]
 
 #: Kernel attribute recording why a group was formed (see `Fuse`).
 FUSION_ATTR = "nf.fusion"
@@ -79,27 +82,87 @@ class Fuse(ModulePass):
     """Largest expression a compute may have after its producers are inlined."""
     functions: str = ""
     """Comma-separated names of the functions to fuse; empty: all."""
+    params: str = "options"
+    """Where P_d, P_c, L come from: `options` (the options above) or `measured` (this
+    machine's measurement in the tuning cache, `python -m nfc.runtime.devparams`, for every
+    option left at its default; the options when nothing was measured)."""
+    explain: bool = False
+    """Print every candidate step to stderr: taken, rejected or skipped, with R, ΔT, ΔC, ΔK."""
 
     def device(self) -> DeviceParams:
         """The device parameters these options describe."""
         return DeviceParams(self.bandwidth_gbs, self.peak_gflops, self.elementwise_gflops,
                             self.launch_us, self.region_us, self.cache_kib, self.parallel_work)
 
+    def resolve_device(self) -> tuple[DeviceParams, str]:
+        """The parameters the reward uses and where they came from."""
+        mine = self.device()
+        if self.params == "options":
+            return mine, "options"
+        if self.params != "measured":
+            raise CompileError(f"fuse: unknown params source '{self.params}' (expected "
+                               "'options' or 'measured')")
+        measured = measured_device_params()
+        if measured is None:
+            return mine, "options (nothing measured on this machine)"
+        # an option given explicitly (not at its default) wins over the measurement
+        merged = {f.name: (getattr(mine, f.name) if getattr(mine, f.name)
+                           != getattr(DEFAULT_DEVICE, f.name) else getattr(measured, f.name))
+                  for f in fields(DeviceParams)}
+        return DeviceParams(**merged), "measured"
+
     def apply(self, ctx: Context, module: Module) -> None:
         """Fuse every selected function of `module`."""
         wanted = {n.strip() for n in self.functions.split(",") if n.strip()}
-        opts = Options(siblings=self.siblings, recompute=self.recompute, max_ops=self.max_ops)
+        opts = Options(siblings=self.siblings, recompute=self.recompute, max_ops=self.max_ops,
+                       explain=self.explain)
+        dev, source = self.resolve_device()
+        ctx.remarks[self.name] = f"device parameters: {source} ({dev.pipeline_options()})"
         for func in module.funcs:
             if not wanted or func.name in wanted:
-                fuse_func(func, CostModel(self.device(), self.max_nodes), opts)
+                namer = _namer(func) if self.explain else None
+                decisions: list[Decision] = []
+                fuse_func(func, CostModel(dev, self.max_nodes), opts, decisions)
+                if namer is not None:
+                    print(explain_text(func.name, decisions, namer, source), file=sys.stderr)
 
 
-def fuse_func(func: Func, model: CostModel, opts: Options | None = None) -> list[KernelOp]:
-    """Partition `func`'s top-level computes into kernels in place; returns the new kernels."""
+def _namer(func: Func) -> Namer:
+    namer = Namer()
+    for a in func.args:
+        namer.add(a)
+    for op in func.walk():
+        for r in op.results:
+            namer.add(r)
+    return namer
+
+
+def explain_text(func: str, decisions: list[Decision], namer: Namer, source: str) -> str:
+    """The lines `fuse{explain=true}` prints: one per candidate step, in the order decided.
+
+        fuse: @forward: device parameters: options
+        fuse: @forward: take merge %0 %1: R=+12.3us dT=+1048576B dC=+0FLOP dK=+1 kernels +0 regions
+    """
+    lines = [f"fuse: @{func}: device parameters: {source}"]
+    for d in decisions:
+        names = " ".join(namer(r) for op in d.members for r in op.results[:1])
+        s = d.saved
+        lines.append(f"fuse: @{func}: {d.verdict} {d.kind} {names}: R={d.reward * 1e6:+.3f}us "
+                     f"dT={s['bytes']:+.0f}B dC={s['flops']:+.0f}FLOP "
+                     f"dK={s['kernels']:+.0f} kernels {s['regions']:+.0f} regions")
+    return "\n".join(lines)
+
+
+def fuse_func(func: Func, model: CostModel, opts: Options | None = None,
+              decisions: list[Decision] | None = None) -> list[KernelOp]:
+    """Partition `func`'s top-level computes into kernels in place; returns the new kernels
+    (and appends the search's decisions to `decisions` when `opts.explain`)."""
     if sum(isinstance(op, ComputeOp) for op in func.body.ops) < 2:
         return []
     part = Partitioner(func, model, opts or Options())
     part.run()
+    if decisions is not None:
+        decisions.extend(part.decisions)
     ret = func.ret
     rewriter = Rewriter()
     kernels: list[KernelOp] = []

@@ -61,6 +61,25 @@ class Options:
     max_ops: int = 32
     min_reward: float = 0.0
     """Smallest reward (seconds) a step must have to be taken."""
+    explain: bool = False
+    """Record every candidate step and what became of it in `Partitioner.decisions`."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One candidate step of the search and its fate (`fuse{explain=true}`)."""
+
+    verdict: str
+    """`take`, `reject` (R <= min reward) or `skip` (no longer convex, or a recompute that
+    would have to run after an in-place update, when its turn came)."""
+    kind: str
+    """`merge` or `recompute`."""
+    members: tuple[Op, ...]
+    """The computes of the groups involved (for a recompute: the producer first)."""
+    reward: float
+    """R in seconds: the estimated time before minus after."""
+    saved: dict[str, float]
+    """ΔT (`bytes`), ΔC (`flops`), ΔK (`kernels`, `regions`) saved by the step."""
 
 
 class Partitioner:
@@ -80,6 +99,7 @@ class Partitioner:
         self._seq = itertools.count()
         self._costs: dict[tuple[frozenset[int], frozenset[int]], GroupCost] = {}
         self._outs: dict[tuple[int, int], frozenset[int]] = {}
+        self.decisions: list[Decision] = []
         for n, op in enumerate(func.body.ops):
             if isinstance(op, ReturnOp):
                 for v in op.operands:
@@ -371,6 +391,8 @@ class Partitioner:
                 pushed.add(key)
                 got = (self._merge_candidate(*args) if kind == "merge"
                        else self._recompute_candidate(*args))
+                if got is not None and got[0] <= self.opts.min_reward:
+                    self._explain("reject", kind, args, got[0], got[1])
                 if got is None or got[0] <= self.opts.min_reward:
                     continue
                 versions = tuple(self.groups[x].version for x in involved)
@@ -392,7 +414,9 @@ class Partitioner:
             if kind == "merge":
                 a, b = args
                 if not self.convex_merge(a, b):
+                    self._explain("skip", kind, args, -neg, saved)
                     continue
+                self._explain("take", kind, args, -neg, saved)
                 touched = [self._merge(a, b, -neg, saved)]
                 self._contract(a, b, touched[0])
             else:
@@ -400,12 +424,26 @@ class Partitioner:
                 if self.group_of.get(id(p)) != involved[0] or any(
                         r == id(p) and self._reaches(self.group_of[w], g, False)
                         for r, w in self.after):
+                    if self.group_of.get(id(p)) is not None:
+                        self._explain("skip", kind, args, -neg, saved)
                     continue  # gone, or the copy would have to run after an in-place update
+                self._explain("take", kind, args, -neg, saved)
                 touched = self._recompute(p, g, -neg, saved)
                 self._rebuild_graph()
             # every candidate involving a group is found from that group, and candidates of
             # untouched groups keep their rewards (a group's cost depends on it alone)
             self._push(heap, touched, pushed)
+
+    def _explain(self, verdict: str, kind: str, args: tuple, reward: float,
+                 saved: dict[str, float]) -> None:
+        if not self.opts.explain:
+            return
+        if kind == "merge":
+            members = tuple(op for gid in args for op in self.groups[gid].members)
+        else:
+            p, g = args
+            members = (p, *self.groups[g].members)
+        self.decisions.append(Decision(verdict, kind, members, reward, dict(saved)))
 
     def _merge(self, a: int, b: int, reward: float, saved: dict[str, float]) -> int:
         ga, gb = self.groups.pop(a), self.groups.pop(b)
