@@ -100,7 +100,7 @@ def bench_model(name: str, cache: Any, args: argparse.Namespace) -> dict[str, An
 
 
 def _default_of(k: Any) -> dict[str, Any]:
-    from nfc.codegen.tuning import space
+    from nfc.codegen.kernel_spec import space
     from nfc.runtime.tuning.kernels import kernel_spec
 
     return space(kernel_spec(k)).default()
@@ -112,7 +112,7 @@ def retime(name: str, cache: Any, rounds: int = 5, calls: int = 10) -> list[dict
     what a schedule can do on a quiet machine, the median what it did on this one."""
     import numpy as np
 
-    from nfc.codegen.tuning import space
+    from nfc.codegen.kernel_spec import space
     from nfc.runtime.tuning.category import default_category
     from nfc.runtime.tuning.driver import build_kernel, build_model
     from nfc.runtime.tuning.kernels import collect_kernels, kernel_spec

@@ -13,7 +13,7 @@ overheads stay out of the numbers. One thread unless said (the reward prices one
 | `region_us` | a 64-element kernel on threads minus the same kernel serial | time per call |
 | `cache_kib` | not timed: the L2 size the OS reports (`sysconf`) | |
 
-`measure()` returns the `DeviceParams`; `nfc.runtime.devparams` caches the raw timings in the
+`measure()` returns the `DeviceParams`; `nfc.runtime.device_params` caches the raw timings in the
 tuning cache, keyed by the CPU category, so they are measured once per machine.
 """
 
@@ -32,7 +32,7 @@ from nfc.codegen.cpu import target_machine
 from nfc.codegen.jit import _libgomp, emit_kernel, get_num_threads, new_module, optimize
 from nfc.codegen.schedule import Schedule
 from nfc.ir import Axis, ComputeOp, Const, DType, Index, Load, TensorType, Value
-from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
+from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams
 
 #: Version of the benchmark definitions; part of the tuning-cache key of their timings.
 BENCH_VERSION = "nfc-devbench-1"

@@ -41,7 +41,7 @@ import numpy as np
 if TYPE_CHECKING:
     from nfc.codegen.artifact.container import Sealed
 
-#: The ABI this loader speaks (nfc.codegen.artifact.build.ABI_VERSION).
+#: The ABI this loader speaks (nfc.codegen.artifact.assemble.ABI_VERSION).
 ABI_VERSION = 1
 ALIGN = 64
 

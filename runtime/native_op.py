@@ -106,7 +106,7 @@ def dtype_of(arr: np.ndarray, what: str) -> DType:
 
 def _read_op(source: str | Path, name: str,
              search_paths: Sequence[str] | None) -> tuple[Path, ast.OpDef]:
-    from nfc.frontend.loader import Loader, suggest
+    from nfc.frontend.imports import Loader, suggest
 
     path = STD_NN if str(source) == "std.nn" else Path(source)
     if not path.is_file():

@@ -1,7 +1,7 @@
 """Per-kernel profiles of native steps: a table and a Chrome trace.
 
 A profiled artifact (`nfc compile --profile`, or `nfc train --profile`) stamps CLOCK_MONOTONIC
-around every kernel call of a step (nfc.codegen.artifact.build); after each call the runtime
+around every kernel call of a step (nfc.codegen.artifact.assemble); after each call the runtime
 copies the stamps out (`Function.profile_events()`) into a `Profiler`. FLOPs and bytes per
 kernel come from the artifact's metadata, counted at build time by nfc.cost (compulsory
 traffic: every tensor read once plus the result written), so GFLOP/s and GB/s are what the

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from nfc.codegen.cuda.build import compile_program
+from nfc.codegen.cuda.program import compile_program
 from nfc.codegen.cuda.driver import Device, NoDriverError, run_program
 from nfc.codegen.cuda.lower import lower_program
 from nfc.ir import Axis, Binary, Call, ComputeOp, DType, Index, Load, TensorType, Value

@@ -1,6 +1,6 @@
 """Whole-model artifacts: every function of a module compiled into one shared library.
 
-- `build`: kernels, one C-ABI entry per function, `nfc_init`, embedded JSON metadata;
+- `assemble`: kernels, one C-ABI entry per function, `nfc_init`, embedded JSON metadata;
 - `plan`: where each tensor lives (caller buffers or the static arena) and the copies;
 - `initgen`: the seeded parameter-initialisation generator (native and numpy).
 
@@ -8,7 +8,7 @@
 See docs/runtime.md for the ABI and the metadata.
 """
 
-from nfc.codegen.artifact.build import (
+from nfc.codegen.artifact.assemble import (
     ABI_VERSION,
     PERSISTENT_ROLES,
     Artifact,

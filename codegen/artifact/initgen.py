@@ -140,7 +140,7 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
     helpers do the same arithmetic on the same values, so the numbers are the same."""
     from llvmlite import ir
 
-    from nfc.codegen.llvm import intrinsics as M
+    from nfc.codegen.llvm import intrinsics
     from nfc.codegen.llvm.exprs import memtype
 
     spec = parse_init(init, shape)
@@ -148,7 +148,7 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
     et = memtype(dtype)
     if size == 0:
         return
-    n = ir.Constant(M.I64, size)
+    n = ir.Constant(intrinsics.I64, size)
     if spec.kind == "fill":
         val = ir.Constant(et, spec.a) if dtype.is_float else ir.Constant(et, int(spec.a))
         b.call(_helper(module, "fill", et), [ptr, n, val])
@@ -156,12 +156,12 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
     if not dtype.is_float:
         raise ValueError(f"a random initializer for the integer tensor '{name}'")
     high = fnv1a32(name) << 32
-    key = b.or_(b.and_(seed, ir.Constant(M.I64, 0xFFFFFFFF)),
-                ir.Constant(M.I64, high - (1 << 64) if high >= 1 << 63 else high))
+    key = b.or_(b.and_(seed, ir.Constant(intrinsics.I64, 0xFFFFFFFF)),
+                ir.Constant(intrinsics.I64, high - (1 << 64) if high >= 1 << 63 else high))
     # uniform: lo + (hi - lo) * u; normal: mean + std * z (parameters as doubles)
     p1, p2 = (spec.a, spec.b - spec.a) if spec.kind == "uniform" else (spec.a, spec.b)
     b.call(_helper(module, spec.kind, et),
-           [ptr, n, key, ir.Constant(M.F64, p1), ir.Constant(M.F64, p2)])
+           [ptr, n, key, ir.Constant(intrinsics.F64, p1), ir.Constant(intrinsics.F64, p2)])
 
 
 def _helper(module, kind: str, et):  # -> ir.Function
@@ -169,14 +169,15 @@ def _helper(module, kind: str, et):  # -> ir.Function
     fill (value), uniform (key, lo, hi - lo) or normal (key, mean, std) of n elements."""
     from llvmlite import ir
 
-    from nfc.codegen.llvm import intrinsics as M
+    from nfc.codegen.llvm import intrinsics
     from nfc.codegen.llvm.emitter import set_attributes
 
     fname = f"nfc_init_{kind}_{et}"
     fn = module.globals.get(fname)
     if fn is not None:
         return fn
-    args = [ir.PointerType(), M.I64] + ([et] if kind == "fill" else [M.I64, M.F64, M.F64])
+    i64, f64 = intrinsics.I64, intrinsics.F64
+    args = [ir.PointerType(), i64] + ([et] if kind == "fill" else [i64, f64, f64])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=fname)
     fn.linkage = "internal"
     set_attributes(fn, ("nounwind", "noinline"))
@@ -185,29 +186,31 @@ def _helper(module, kind: str, et):  # -> ir.Function
     loop = fn.append_basic_block("loop")
     done = fn.append_basic_block("done")
     b = ir.IRBuilder(entry)
-    b.cbranch(b.icmp_signed(">", size, ir.Constant(M.I64, 0)), loop, done)
+    b.cbranch(b.icmp_signed(">", size, ir.Constant(intrinsics.I64, 0)), loop, done)
     b.position_at_end(loop)
-    i = b.phi(M.I64, name="i")
-    i.add_incoming(ir.Constant(M.I64, 0), entry)
+    i = b.phi(intrinsics.I64, name="i")
+    i.add_incoming(ir.Constant(intrinsics.I64, 0), entry)
     if kind == "fill":
         val: ir.Value = fn.args[2]
     else:
         key, p1, p2 = fn.args[2], fn.args[3], fn.args[4]
-        words = M.philox4x32(b, key, i)
-        scale = ir.Constant(M.F64, 2.0 ** -32)
+        words = intrinsics.philox4x32(b, key, i)
+        scale = ir.Constant(intrinsics.F64, 2.0 ** -32)
         if kind == "uniform":
-            u = b.fmul(b.uitofp(words[0], M.F64), scale)
+            u = b.fmul(b.uitofp(words[0], intrinsics.F64), scale)
             d = b.fadd(p1, b.fmul(p2, u))
         else:
-            u1 = b.fmul(b.fadd(b.uitofp(words[0], M.F64), ir.Constant(M.F64, 1.0)), scale)
-            u2 = b.fmul(b.uitofp(words[1], M.F64), scale)
-            lg = M.intrinsic(b, "log", [u1])
-            r = M.intrinsic(b, "sqrt", [b.fmul(ir.Constant(M.F64, -2.0), lg)])
-            c = M.intrinsic(b, "cos", [b.fmul(ir.Constant(M.F64, 2.0 * math.pi), u2)])
+            one = ir.Constant(intrinsics.F64, 1.0)
+            u1 = b.fmul(b.fadd(b.uitofp(words[0], intrinsics.F64), one), scale)
+            u2 = b.fmul(b.uitofp(words[1], intrinsics.F64), scale)
+            lg = intrinsics.intrinsic(b, "log", [u1])
+            r = intrinsics.intrinsic(b, "sqrt", [b.fmul(ir.Constant(intrinsics.F64, -2.0), lg)])
+            c = intrinsics.intrinsic(b, "cos",
+                                     [b.fmul(ir.Constant(intrinsics.F64, 2.0 * math.pi), u2)])
             d = b.fadd(p1, b.fmul(p2, b.fmul(r, c)))
-        val = d if et == M.F64 else b.fptrunc(d, et)
+        val = d if et == intrinsics.F64 else b.fptrunc(d, et)
     b.store(val, b.gep(ptr, [i], source_etype=et))
-    nxt = b.add(i, ir.Constant(M.I64, 1))
+    nxt = b.add(i, ir.Constant(intrinsics.I64, 1))
     i.add_incoming(nxt, loop)
     b.cbranch(b.icmp_signed("<", nxt, size), loop, done)
     b.position_at_end(done)

@@ -135,7 +135,7 @@ class KernelSet:
         else compiled now. `refresh` ignores (and overwrites) cached objects. `before` runs
         in this process once workers are started (the entry module's compilation overlaps
         theirs)."""
-        from nfc.codegen.tuning import kernel_spec
+        from nfc.codegen.kernel_spec import kernel_spec
 
         hits: dict[str, bytes] = {}
         jobs: list[KernelJob] = []

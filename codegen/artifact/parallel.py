@@ -8,7 +8,7 @@ plain `python -c` subprocesses (not multiprocessing, which would re-import the c
 the smallest ones itself meanwhile, so neither side waits while work is left; at the end it
 takes back a job still queued behind another in a worker rather than wait for it.
 
-A job is data: the kernel's IR text (`nfc.codegen.tuning.kernel_spec`), its schedule as a dict
+A job is data: the kernel's IR text (`nfc.codegen.kernel_spec.kernel_spec`), its schedule as a dict
 and the symbol to define. A worker parses, lowers, emits, optimises and writes
 `<dir>/<symbol>.o`, then answers one JSON line; the local side emits from the loop IR it
 already has. The object code is the same either way. A job a worker fails on is compiled
@@ -91,7 +91,7 @@ def compile_text(text: str, target: CpuTarget, options: dict[str, int | bool] | 
 def _build(job: dict[str, Any], target: CpuTarget) -> tuple[bytes, dict[str, float]]:
     """What a worker does for one job: IR text to object code."""
     from nfc.codegen.jit import emit_kernel, new_module
-    from nfc.codegen.tuning import load_op
+    from nfc.codegen.kernel_spec import load_op
 
     t0 = time.process_time()
     op = load_op({"ir": job["spec"]})

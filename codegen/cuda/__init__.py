@@ -13,5 +13,5 @@ so building, rendering and simulating work without it.
 
 from __future__ import annotations
 
-__all__ = ["build", "driver", "gemm", "gpuir", "lower", "nvrtc", "render", "schedule", "sim",
+__all__ = ["driver", "gemm", "gpuir", "lower", "nvrtc", "program", "render", "schedule", "sim",
            "simexpr", "space", "types"]

@@ -1,7 +1,7 @@
 """Running compiled kernels on an NVIDIA GPU through `cuda.bindings.driver`.
 
     dev = Device()                                  # cuInit, device 0, its primary context
-    compiled = compile_program(program, dev.arch)   # nfc.codegen.cuda.build (NVRTC)
+    compiled = compile_program(program, dev.arch)   # nfc.codegen.cuda.program (NVRTC)
     outputs = run_program(dev, program, compiled, inputs)
 
 `Device()` raises `NoDriverError` ("no NVIDIA driver: ...") where the driver library cannot be

@@ -17,8 +17,7 @@ from llvmlite import ir
 
 from nfc.affine import interval
 from nfc.codegen.cpu import CpuTarget
-from nfc.codegen.llvm import intrinsics as M
-from nfc.codegen.llvm import render
+from nfc.codegen.llvm import intrinsics, render
 from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype
 from nfc.codegen.llvm.fold import const_ints
 from nfc.codegen.loops import (
@@ -94,12 +93,12 @@ class FuncEmitter(ExprEmitter):
     def finish(self) -> None:
         """Free heap buffers, return, and close the entry block."""
         for p in self.frees:
-            self.b.call(M.declare(self.module, "free", VOID, [PTR]), [p])
+            self.b.call(intrinsics.declare(self.module, "free", VOID, [PTR]), [p])
         self.b.ret_void()
         self.entry.branch(self.body_block)
 
     def call_c(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-        return self.b.call(M.declare(self.module, name, ret, [a.type for a in args]), args)
+        return self.b.call(intrinsics.declare(self.module, name, ret, [a.type for a in args]), args)
 
     # --- statements ----------------------------------------------------------------------
 
@@ -127,12 +126,12 @@ class FuncEmitter(ExprEmitter):
         if buf.scope is Scope.GLOBAL:
             assert self.workspace is not None, "workspace buffer outside the kernel body"
             off = self.ws_offsets[buf.name]
-            return self.b.gep(self.workspace, [ir.Constant(M.I64, off)],
+            return self.b.gep(self.workspace, [ir.Constant(intrinsics.I64, off)],
                               source_etype=ir.IntType(8))
         if buf.scope is Scope.LOCAL and nbytes > STACK_BYTES:
-            p = self.entry.call(M.declare(self.module, "aligned_alloc", PTR, [M.I64, M.I64]),
-                                [ir.Constant(M.I64, 64),
-                                 ir.Constant(M.I64, (nbytes + 63) // 64 * 64)])
+            i64 = intrinsics.I64
+            p = self.entry.call(intrinsics.declare(self.module, "aligned_alloc", PTR, [i64, i64]),
+                                [ir.Constant(i64, 64), ir.Constant(i64, (nbytes + 63) // 64 * 64)])
             self.frees.append(p)
             return p
         arr = ir.ArrayType(memtype(buf.dtype), max(buf.size, 1))
@@ -146,12 +145,12 @@ class FuncEmitter(ExprEmitter):
             if taken is not None:
                 self.stmt(taken)
             return
-        if M.lanes(cond.type) is not None:
+        if intrinsics.lanes(cond.type) is not None:
             outer = self.mask
             self.mask = cond if outer is None else self.b.and_(outer, cond)
             self.stmt(s.then)
             if s.orelse is not None:
-                off = self.b.xor(cond, M.const(cond.type, 1))
+                off = self.b.xor(cond, intrinsics.const(cond.type, 1))
                 self.mask = off if outer is None else self.b.and_(outer, off)
                 self.stmt(s.orelse)
             self.mask = outer
@@ -172,14 +171,14 @@ class FuncEmitter(ExprEmitter):
             # one iteration: straight-line code with the variable 0, which folds the index
             # arithmetic (no phi loop, no outlined parallel region for one chunk)
             saved = self.env.get(s.var)
-            self.env[s.var] = ir.Constant(M.I64, 0)
+            self.env[s.var] = ir.Constant(intrinsics.I64, 0)
             self.ranges[s.var] = (0, 0)
             self.stmt(s.body)
             self._forget(s.var, saved)
         elif s.kind is LoopKind.UNROLLED and c is not None or _auto_unroll(s, c):
             saved = self.env.get(s.var)
             for k in range(c):
-                self.env[s.var] = ir.Constant(M.I64, k)
+                self.env[s.var] = ir.Constant(intrinsics.I64, k)
                 self.ranges[s.var] = (k, k)
                 self.stmt(s.body)
             self._forget(s.var, saved)
@@ -197,7 +196,7 @@ class FuncEmitter(ExprEmitter):
             self.parallel(s)
         else:
             n = self.value(s.extent, DType.I64)
-            self.serial(s.var, ir.Constant(M.I64, 0), n, s.body, self._hi(s.extent))
+            self.serial(s.var, ir.Constant(intrinsics.I64, 0), n, s.body, self._hi(s.extent))
 
     def _hi(self, extent: Expr) -> int | None:
         iv = interval(extent, self.ranges)
@@ -221,7 +220,7 @@ class FuncEmitter(ExprEmitter):
         done = self.fn.append_basic_block(f"{var}.done{n}")
         b.branch(head)
         b.position_at_end(head)
-        i = b.phi(M.I64, name=var)
+        i = b.phi(intrinsics.I64, name=var)
         i.add_incoming(lo, pre)
         b.cbranch(b.icmp_signed("<", i, hi), loop, done)
         b.position_at_end(loop)
@@ -230,7 +229,7 @@ class FuncEmitter(ExprEmitter):
         if max_index is not None:
             self.ranges[var] = (0, max(max_index, 0))
         self.stmt(body)
-        nxt = b.add(i, ir.Constant(M.I64, 1), flags=("nsw",))
+        nxt = b.add(i, ir.Constant(intrinsics.I64, 1), flags=("nsw",))
         i.add_incoming(nxt, b.block)
         b.branch(head)
         b.position_at_end(done)
@@ -247,12 +246,12 @@ class FuncEmitter(ExprEmitter):
         # memory: the outlined body uses the constants, which keeps its arithmetic folded
         env_items = [(k, v) for k, v in self.env.items() if not isinstance(v, ir.Constant)]
         env_consts = {k: v for k, v in self.env.items() if isinstance(v, ir.Constant)}
-        st = ir.LiteralStructType([PTR] * len(ptr_items) + [M.I64] * (len(env_items) + 1))
+        st = ir.LiteralStructType([PTR] * len(ptr_items) + [intrinsics.I64] * (len(env_items) + 1))
         data = _aligned_alloca(self.entry, st, "par.data")
-        zero = ir.Constant(M.I32, 0)
+        zero = ir.Constant(intrinsics.I32, 0)
         vals = [v for _, v in ptr_items] + [v for _, v in env_items] + [n]
         for k, v in enumerate(vals):
-            b.store(v, b.gep(data, [zero, ir.Constant(M.I32, k)], source_etype=st))
+            b.store(v, b.gep(data, [zero, ir.Constant(intrinsics.I32, k)], source_etype=st))
         sub = ir.Function(self.module, ir.FunctionType(VOID, [PTR]),
                           name=f"{self.fn.name}.par{next(_counter)}")
         sub.linkage = "internal"
@@ -264,7 +263,7 @@ class FuncEmitter(ExprEmitter):
         cb = child.b
         arg = sub.args[0]
         for k, v in enumerate(vals):
-            got = cb.load(cb.gep(arg, [zero, ir.Constant(M.I32, k)], source_etype=st),
+            got = cb.load(cb.gep(arg, [zero, ir.Constant(intrinsics.I32, k)], source_etype=st),
                           typ=v.type)
             if k < len(ptr_items):
                 child.ptrs[ptr_items[k][0]] = got
@@ -273,18 +272,18 @@ class FuncEmitter(ExprEmitter):
             else:
                 total = got
         child.workspace = child.ptrs.pop("__workspace__", None)
-        tid = cb.sext(child.call_c("omp_get_thread_num", M.I32, []), M.I64)
-        nt = cb.sext(child.call_c("omp_get_num_threads", M.I32, []), M.I64)
-        chunk = cb.sdiv(cb.add(total, cb.sub(nt, ir.Constant(M.I64, 1))), nt)
+        tid = cb.sext(child.call_c("omp_get_thread_num", intrinsics.I32, []), intrinsics.I64)
+        nt = cb.sext(child.call_c("omp_get_num_threads", intrinsics.I32, []), intrinsics.I64)
+        chunk = cb.sdiv(cb.add(total, cb.sub(nt, ir.Constant(intrinsics.I64, 1))), nt)
         lo = cb.mul(tid, chunk)
         hi = cb.add(lo, chunk)
         hi = cb.select(cb.icmp_signed("<", hi, total), hi, total)
         child.serial(s.var, lo, hi, s.body, self._hi(s.extent))
         child.finish()
-        maxt = b.sext(self.call_c("omp_get_max_threads", M.I32, []), M.I64)
-        nthr = b.trunc(b.select(b.icmp_signed("<", n, maxt), n, maxt), M.I32)
-        with b.if_then(b.icmp_signed(">", n, ir.Constant(M.I64, 0))):
-            self.call_c("GOMP_parallel", VOID, [sub, data, nthr, ir.Constant(M.I32, 0)])
+        maxt = b.sext(self.call_c("omp_get_max_threads", intrinsics.I32, []), intrinsics.I64)
+        nthr = b.trunc(b.select(b.icmp_signed("<", n, maxt), n, maxt), intrinsics.I32)
+        with b.if_then(b.icmp_signed(">", n, ir.Constant(intrinsics.I64, 0))):
+            self.call_c("GOMP_parallel", VOID, [sub, data, nthr, ir.Constant(intrinsics.I32, 0)])
 
     # --- stores --------------------------------------------------------------------------
 
@@ -298,7 +297,7 @@ class FuncEmitter(ExprEmitter):
             x, y = self.match(x, y)
             x, old2 = self.match(x, old)
             y, _ = self.match(y, old2)
-            return M.fma(b, x, y, old2)
+            return intrinsics.fma(b, x, y, old2)
         v = self.value(e, dt)
         v, old = self.match(v, old)
         if op == "sum":
@@ -311,7 +310,7 @@ class FuncEmitter(ExprEmitter):
 
     def _to_mem(self, v: ir.Value, dt: DType) -> ir.Value:
         if dt is DType.I1:
-            return self.b.zext(v, M.like(v.type, ir.IntType(8)))
+            return self.b.zext(v, intrinsics.like(v.type, ir.IntType(8)))
         return v
 
     def store(self, s: Store) -> None:
@@ -327,7 +326,7 @@ class FuncEmitter(ExprEmitter):
                 v = self.value(s.value, dt)
             else:
                 old = b.load(p, typ=et)
-                old = b.trunc(old, M.I1) if dt is DType.I1 else old
+                old = b.trunc(old, intrinsics.I1) if dt is DType.I1 else old
                 v = self.combine(s.reduce, old, s, dt)
             b.store(self._to_mem(v, dt), p)
             return
@@ -362,9 +361,10 @@ class FuncEmitter(ExprEmitter):
                 old_all = b.load(p, typ=vt, align=align)
                 b.store(b.select(self.mask, v, old_all), p, align=align)
             else:
-                fn = M.declare(self.module, f"llvm.masked.store.{M.type_suffix(vt)}.p0", VOID,
-                               [vt, PTR, M.I32, self.mask.type])
-                b.call(fn, [v, p, ir.Constant(M.I32, align), self.mask])
+                fn = intrinsics.declare(self.module,
+                                        f"llvm.masked.store.{intrinsics.type_suffix(vt)}.p0", VOID,
+                                        [vt, PTR, intrinsics.I32, self.mask.type])
+                b.call(fn, [v, p, ir.Constant(intrinsics.I32, align), self.mask])
             return
         self.scatter(s, off)
 
@@ -373,11 +373,13 @@ class FuncEmitter(ExprEmitter):
         if self.mask is None or buf.scope in (Scope.REGISTER, Scope.LOCAL):
             v = b.load(p, typ=vt, align=align)
         else:
-            fn = M.declare(self.module, f"llvm.masked.load.{M.type_suffix(vt)}.p0", vt,
-                           [PTR, M.I32, self.mask.type, vt])
-            v = b.call(fn, [p, ir.Constant(M.I32, align), self.mask, ir.Constant(vt, None)])
+            fn = intrinsics.declare(self.module,
+                                    f"llvm.masked.load.{intrinsics.type_suffix(vt)}.p0", vt,
+                                    [PTR, intrinsics.I32, self.mask.type, vt])
+            v = b.call(fn, [p, ir.Constant(intrinsics.I32, align), self.mask,
+                            ir.Constant(vt, None)])
         if buf.dtype is DType.I1:
-            v = b.trunc(v, ir.VectorType(M.I1, self.width))
+            v = b.trunc(v, ir.VectorType(intrinsics.I1, self.width))
         return v
 
     def scatter(self, s: Store, off: Expr) -> None:
@@ -388,7 +390,7 @@ class FuncEmitter(ExprEmitter):
         lane, width, mask = self.lane, self.width, self.mask
         assert lane is not None
         for k in range(width):
-            kc = ir.Constant(M.I32, k)
+            kc = ir.Constant(intrinsics.I32, k)
 
             def one(k: int = k, kc: ir.Constant = kc) -> None:
                 o = self.int_value(off, k)
@@ -399,7 +401,7 @@ class FuncEmitter(ExprEmitter):
                 # a reducing scatter: evaluate the lane's value in scalar mode
                 self.lane, self.width, self.mask = None, 1, None
                 sub = Store(s.buffer, s.indices, s.value, s.reduce)
-                self.env[lane] = ir.Constant(M.I64, k)
+                self.env[lane] = ir.Constant(intrinsics.I64, k)
                 self.store(sub)
                 self.env.pop(lane)
                 self.lane, self.width, self.mask = lane, width, mask
@@ -412,25 +414,27 @@ class FuncEmitter(ExprEmitter):
     def horizontal(self, op: str, v: ir.Value, dt: DType) -> ir.Value:
         """Reduce the lanes of `v` to a scalar."""
         b = self.b
-        e = M.elem(v.type)
+        e = intrinsics.elem(v.type)
         if dt.is_float:
             if op in ("sum", "prod"):
                 start = ir.Constant(e, 0.0 if op == "sum" else 1.0)
                 name = "fadd" if op == "sum" else "fmul"
-                fn = M.declare(self.module, f"llvm.vector.reduce.{name}.{M.type_suffix(v.type)}",
-                               e, [e, v.type])
+                fn = intrinsics.declare(
+                    self.module, f"llvm.vector.reduce.{name}.{intrinsics.type_suffix(v.type)}",
+                    e, [e, v.type])
                 return b.call(fn, [start, v], fastmath=("reassoc", "contract"))
             name = "fmax" if op == "max" else "fmin"
         else:
             name = {"sum": "add", "prod": "mul", "max": "smax", "min": "smin"}[op]
-        fn = M.declare(self.module, f"llvm.vector.reduce.{name}.{M.type_suffix(v.type)}", e,
-                       [v.type])
+        fn = intrinsics.declare(
+            self.module, f"llvm.vector.reduce.{name}.{intrinsics.type_suffix(v.type)}", e,
+            [v.type])
         return b.call(fn, [v])
 
     def _merge(self, op: str, old: ir.Value, r: ir.Value, dt: DType) -> ir.Value:
         b = self.b
         if dt is DType.I1:
-            old = b.trunc(old, M.I1)
+            old = b.trunc(old, intrinsics.I1)
         fm = ("reassoc", "contract")
         if op == "sum":
             return b.fadd(old, r, flags=fm) if dt.is_float else b.add(old, r)
@@ -494,7 +498,7 @@ def _lanes_of(body: Stmt, store: Store) -> int:
 def _elem_bytes(t: ir.Type) -> int:
     if isinstance(t, ir.IntType):
         return max(1, t.width // 8)
-    return 4 if t == M.F32 else 8
+    return 4 if t == intrinsics.F32 else 8
 
 
 def _aligned_alloca(b: ir.IRBuilder, t: ir.Type, name: str) -> ir.Value:
@@ -512,11 +516,12 @@ def emit_function(module: ir.Module, f: LoopFunc, name: str, target: CpuTarget) 
     arg = fn.args[0]
     for k, buf in enumerate(f.params):
         em.ptrs[buf.name] = em.entry.load(
-            em.entry.gep(arg, [ir.Constant(M.I64, k)], source_etype=PTR), typ=PTR,
+            em.entry.gep(arg, [ir.Constant(intrinsics.I64, k)], source_etype=PTR), typ=PTR,
             name=buf.name)
     if f.workspace_bytes:
         em.workspace = em.entry.load(
-            em.entry.gep(arg, [ir.Constant(M.I64, len(f.params))], source_etype=PTR), typ=PTR,
+            em.entry.gep(arg, [ir.Constant(intrinsics.I64, len(f.params))], source_etype=PTR),
+            typ=PTR,
             name="workspace")
         off = 0
         for buf in f.workspace_buffers:

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from nfc import ops
-from nfc.codegen.llvm import intrinsics as M
+from nfc.codegen.llvm import intrinsics
 from nfc.ir import Binary
 
 
 def const_ints(v: ir.Value) -> list[int] | None:
     """The lane values of an integer (or i1) constant, scalar or vector; None when `v` is not
     a fully known integer constant."""
-    if not isinstance(v, ir.Constant) or not isinstance(M.elem(v.type), ir.IntType):
+    if not isinstance(v, ir.Constant) or not isinstance(intrinsics.elem(v.type), ir.IntType):
         return None
     c = v.constant
     items = c if isinstance(c, list | tuple) else [c]
@@ -36,7 +36,7 @@ def const_ints(v: ir.Value) -> list[int] | None:
 def int_constant(t: ir.Type, values: list[int]) -> ir.Constant | None:
     """A constant of the integer (vector) type `t` from lane values; None when a value does
     not fit (then the instruction is emitted and LLVM wraps as usual)."""
-    e = M.elem(t)
+    e = intrinsics.elem(t)
     assert isinstance(e, ir.IntType)
     if e.width == 1:
         vals: list[int | bool] = [bool(x & 1) for x in values]
@@ -45,7 +45,7 @@ def int_constant(t: ir.Type, values: list[int]) -> ir.Constant | None:
         if any(x < lo or x > hi for x in values):
             return None
         vals = list(values)
-    n = M.lanes(t)
+    n = intrinsics.lanes(t)
     if n is None:
         return ir.Constant(t, vals[0])
     if len(vals) == 1:
@@ -65,7 +65,7 @@ def fold_int(op: str, x: ir.Value, y: ir.Value, rtype: ir.Type) -> ir.Value | No
     both constant, or an identity (`+ 0`, `* 1`, `* 0`, `and true`, ...); None otherwise."""
     if op not in _INT_OPS:
         return None
-    if op in ("<", "<=", ">", ">=") and M.elem(x.type) == M.I1:
+    if op in ("<", "<=", ">", ">=") and intrinsics.elem(x.type) == intrinsics.I1:
         return None  # LLVM's signed i1 compares read true as -1
     cx, cy = const_ints(x), const_ints(y)
     if cx is None and cy is None:

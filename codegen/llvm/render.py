@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from llvmlite import ir
 
 from nfc import ops
-from nfc.codegen.llvm import intrinsics as M
+from nfc.codegen.llvm import intrinsics
 from nfc.codegen.llvm.fold import const_ints, fold_int, int_constant
 from nfc.ir import Const, DType, Expr
 
@@ -46,7 +46,7 @@ def operands(em: ExprEmitter, e: Expr, dt: DType) -> tuple[list[ir.Value], DType
     assert row is not None
     odt = dt if row.result is None else ops.resolve(em.typer().kinds(e)[0], None)
     args = [em.value(a, odt) for a in e.children()]
-    if len(args) > 1 and len({M.lanes(a.type) is None for a in args}) > 1:
+    if len(args) > 1 and len({intrinsics.lanes(a.type) is None for a in args}) > 1:
         args = [em.vec(a) for a in args]
     return args, odt
 
@@ -66,7 +66,7 @@ def _floor_div(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     (x, y), _ = operands(em, e, dt)
     b, op = em.b, e.op  # type: ignore[attr-defined]
     if dt.is_float:
-        q = M.intrinsic(b, "floor", [b.fdiv(x, y)])
+        q = intrinsics.intrinsic(b, "floor", [b.fdiv(x, y)])
         return q if op == "//" else b.fsub(x, b.fmul(q, y))
     folded = fold_int(op, x, y, x.type)
     if folded is not None:
@@ -75,7 +75,7 @@ def _floor_div(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
         return b.sdiv(x, y) if op == "//" else b.srem(x, y)
     # floor semantics for negative operands
     q, r = b.sdiv(x, y), b.srem(x, y)
-    zero = M.const(x.type, 0)
+    zero = intrinsics.const(x.type, 0)
     fix = b.and_(b.icmp_signed("!=", r, zero),
                  b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
     if op == "//":
@@ -87,7 +87,7 @@ def _compare(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     (x, y), t = operands(em, e, dt)
     b, op = em.b, e.op  # type: ignore[attr-defined]
     if not t.is_float:
-        folded = fold_int(op, x, y, M.like(x.type, M.I1))
+        folded = fold_int(op, x, y, intrinsics.like(x.type, intrinsics.I1))
         return folded if folded is not None else b.icmp_signed(op, x, y)
     # `!=` is true for NaN operands (unordered), the others false (ordered)
     return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
@@ -107,12 +107,12 @@ def _not(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     ints = const_ints(v)
     if ints is not None:
         return int_constant(v.type, [1 - (x & 1) for x in ints]) or v
-    return em.b.xor(v, M.const(v.type, 1))
+    return em.b.xor(v, intrinsics.const(v.type, 1))
 
 
 def _neg(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     (v,), _ = operands(em, e, dt)
-    return em.b.fneg(v) if dt.is_float else em.b.sub(M.const(v.type, 0), v)
+    return em.b.fneg(v) if dt.is_float else em.b.sub(intrinsics.const(v.type, 0), v)
 
 
 def _extremum(cmp: str) -> Rule:
@@ -129,8 +129,8 @@ def _abs(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     (x,), _ = operands(em, e, dt)
     b = em.b
     if dt.is_float:
-        return M.intrinsic(b, "fabs", [x])
-    zero = M.const(x.type, 0)
+        return intrinsics.intrinsic(b, "fabs", [x])
+    zero = intrinsics.const(x.type, 0)
     return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
 
 
@@ -150,15 +150,15 @@ def _pow(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
         raise NotImplementedError(f"pow of {dt}")
     yc = e.args[1]  # type: ignore[attr-defined]
     c = float(yc.value) if isinstance(yc, Const) and not isinstance(yc.value, bool) else None
-    return M.pow_(em.b, x, y, c)
+    return intrinsics.pow_(em.b, x, y, c)
 
 
 def _philox(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     (key, ctr), _ = operands(em, e, dt)
     b = em.b
-    words = M.philox4x32(b, key, ctr)
-    f64 = M.like(key.type, M.F64)
-    u = b.fmul(b.uitofp(words[0], f64), M.const(f64, 2.0 ** -32))
+    words = intrinsics.philox4x32(b, key, ctr)
+    f64 = intrinsics.like(key.type, intrinsics.F64)
+    u = b.fmul(b.uitofp(words[0], f64), intrinsics.const(f64, 2.0 ** -32))
     return em.convert(u, DType.F64, dt)
 
 
@@ -169,12 +169,14 @@ RULES: dict[str, Rule] = {
     "and": Rule(_logic), "or": Rule(_logic), "not": Rule(_not), "neg": Rule(_neg),
     "select": Rule(lambda em, e, dt: em.select(e, dt)),  # type: ignore[arg-type]
     "cast": Rule(lambda em, e, dt: em.value(e.x, e.dtype)),  # type: ignore[attr-defined]
-    "exp": _math(M.exp), "log": _math(M.log), "sqrt": _math(M.sqrt), "rsqrt": _math(M.rsqrt),
-    "tanh": _math(M.tanh), "sigmoid": _math(M.sigmoid), "erf": _math(M.erf),
+    "exp": _math(intrinsics.exp), "log": _math(intrinsics.log), "sqrt": _math(intrinsics.sqrt),
+    "rsqrt": _math(intrinsics.rsqrt), "tanh": _math(intrinsics.tanh),
+    "sigmoid": _math(intrinsics.sigmoid), "erf": _math(intrinsics.erf),
     "abs": Rule(_abs), "max": _extremum(">"), "min": _extremum("<"), "pow": Rule(_pow, 20),
     "philox": Rule(_philox, 20),
-    "softplus": _math(M.softplus), "log1p": _math(M.log1p), "expm1": _math(M.expm1),
-    "atan2": _math(M.atan2), "isfinite": _math(M.isfinite, 1),
+    "softplus": _math(intrinsics.softplus), "log1p": _math(intrinsics.log1p),
+    "expm1": _math(intrinsics.expm1),
+    "atan2": _math(intrinsics.atan2), "isfinite": _math(intrinsics.isfinite, 1),
 }
 
 

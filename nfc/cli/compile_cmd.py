@@ -153,7 +153,7 @@ def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | N
 
         return _write(args.output, print_module(module))
     if args.target == "cuda" or args.emit in ("cuda", "cuda-loops"):
-        from nfc.codegen.cuda.build import CUDA_EMITS, emit_text
+        from nfc.codegen.cuda.program import CUDA_EMITS, emit_text
 
         if args.emit not in CUDA_EMITS:
             raise UsageError("--target cuda builds no library yet: use --emit=cuda or "

@@ -22,8 +22,8 @@ from nfc.frontend import ast
 from nfc.frontend.check import check_op
 from nfc.frontend.context import Ctx, Env, Fatal, Poisoned, TensorInfo
 from nfc.frontend.elaborate import Elaborator, Frame
+from nfc.frontend.imports import Loader, ModuleScope, suggest
 from nfc.frontend.limits import MAX_SOURCE_BYTES
-from nfc.frontend.loader import Loader, ModuleScope, suggest
 from nfc.frontend.model import ModelState, model_params
 from nfc.frontend.uncalled import check_uncalled, referenced_ops
 from nfc.ir import Block, Func, Loc, Module, ReturnOp, TensorType, Value

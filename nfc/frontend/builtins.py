@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 from nfc.diagnostics import error
 from nfc.frontend import ast, scalars
 from nfc.frontend.limits import check_elements
-from nfc.frontend.scalars import SV
+from nfc.frontend.scalars import ScalarExpr
 from nfc.frontend.shapes import CTValue, eval_ct, format_ct
-from nfc.frontend.tensors import TV, compute, reshape_body, transpose_body
+from nfc.frontend.tensors import TensorExpr, compute, reshape_body, transpose_body
 from nfc.ir import Const
 
 if TYPE_CHECKING:
-    from nfc.frontend.lower import Lowering
+    from nfc.frontend.emit_ir import Lowering
 
 BUILTINS = ("reshape", "transpose", "zeros", "full", "zeros_like", "stop_gradient")
 
@@ -56,7 +56,7 @@ def _targs(low: Lowering, e: ast.Call) -> dict[str, CTValue]:
     return out
 
 
-def builtin(low: Lowering, e: ast.Call) -> TV:
+def builtin(low: Lowering, e: ast.Call) -> TensorExpr:
     """The tensor-level value of a builtin call."""
     targs = _targs(low, e)
     if e.fn in ("zeros", "full"):
@@ -68,7 +68,7 @@ def builtin(low: Lowering, e: ast.Call) -> TV:
         if isinstance(value, tuple):
             raise error(f"the value of 'full' must be a number or a boolean, found "
                         f"{format_ct(value)}", e.targs[-1].loc)
-        return TV(shape, scalars.const(value))
+        return TensorExpr(shape, scalars.const(value))
     low.arity(e, 1)
     src = low.tv(e.args[0])
     if e.fn == "stop_gradient":
@@ -76,8 +76,8 @@ def builtin(low: Lowering, e: ast.Call) -> TV:
     if e.fn == "zeros_like":
         ty = src.sv.ty
         zero: int | float | bool = {"int": 0, "float": 0.0, "bool": False}[ty.kind]
-        # an untyped literal in the IR: the strong type lives in the SV (prints as `0.0`)
-        return TV(src.shape, SV(Const(zero), ty))
+        # an untyped literal in the IR: the strong type lives in the ScalarExpr (prints as `0.0`)
+        return TensorExpr(src.shape, ScalarExpr(Const(zero), ty))
     value = targs["shape"] if e.fn == "reshape" else targs["perm"]
     assert isinstance(value, tuple)
     if e.fn == "reshape":
@@ -85,7 +85,7 @@ def builtin(low: Lowering, e: ast.Call) -> TV:
     return transpose_body(src, value, e.loc)
 
 
-def stop_gradient(low: Lowering, src: TV, loc: ast.Loc) -> TV:
+def stop_gradient(low: Lowering, src: TensorExpr, loc: ast.Loc) -> TensorExpr:
     """A copy of `src` marked `nf.stop_gradient = true`: a compute of its own, so the mark
     cannot be lost by fusing the expression into its consumer."""
     if src.sv.ty.dtype is None:  # a weak constant has no gradient anyway
@@ -94,4 +94,4 @@ def stop_gradient(low: Lowering, src: TV, loc: ast.Loc) -> TV:
     op.attrs["nf.stop_gradient"] = True
     low.ctx.emit(op)
     low.ctx.check_bounds(op)
-    return TV.of(op.result)
+    return TensorExpr.of(op.result)

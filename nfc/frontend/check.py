@@ -13,7 +13,7 @@ from nfc.frontend import ast
 from nfc.frontend.builtins import BUILTINS
 from nfc.frontend.context import FLOAT_CONSTANTS, shorten
 from nfc.frontend.ellipsis import ELLIPSIS, WHERE, leading, type_errors
-from nfc.frontend.loader import ModuleScope
+from nfc.frontend.imports import ModuleScope
 from nfc.frontend.scalars import INTRINSIC_ARITY
 from nfc.frontend.shapes import DTYPES, is_dtype_var, names_in
 

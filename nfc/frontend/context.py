@@ -19,7 +19,7 @@ from nfc.frontend.shapes import CTValue, format_tensor_type, names_in, with_bind
 from nfc.ir import ComputeOp, DType, Expr, Load, Loc, Op, Value
 
 if TYPE_CHECKING:
-    from nfc.frontend.loader import ModuleScope
+    from nfc.frontend.imports import ModuleScope
 
 
 @dataclass
@@ -55,14 +55,14 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
-class CT:
+class CompileTimeBinding:
     """A name bound to a compile-time value."""
 
     value: CTValue
 
 
 @dataclass(frozen=True)
-class DTypeB:
+class DTypeBinding:
     """A dtype variable bound at a call (`T = f32`); usable as a cast `T(x)`."""
 
     dtype: DType
@@ -77,7 +77,7 @@ class Poison:
 
 
 POISON = Poison()
-Binding = TensorInfo | CT | DTypeB | Poison
+Binding = TensorInfo | CompileTimeBinding | DTypeBinding | Poison
 
 
 class Poisoned(Exception):
@@ -111,9 +111,9 @@ class Env:
         b = self.vars.get(name)
         if b is None:
             if name == "training":
-                return CT(self.training)
+                return CompileTimeBinding(self.training)
             if name in FLOAT_CONSTANTS:
-                return CT(FLOAT_CONSTANTS[name])
+                return CompileTimeBinding(FLOAT_CONSTANTS[name])
         return b
 
     def unknown(self, name: str, loc: Loc, extra: list[str] | None = None,

@@ -12,12 +12,21 @@ from typing import TYPE_CHECKING
 
 from nfc.diagnostics import CompileError, error, note
 from nfc.frontend import ast
-from nfc.frontend.context import CT, POISON, Ctx, DTypeB, Env, Fatal, Poisoned, TensorInfo
+from nfc.frontend.context import (
+    POISON,
+    CompileTimeBinding,
+    Ctx,
+    DTypeBinding,
+    Env,
+    Fatal,
+    Poisoned,
+    TensorInfo,
+)
 from nfc.frontend.ellipsis import ELLIPSIS
+from nfc.frontend.emit_ir import Lowering
 from nfc.frontend.estimate import Estimator
+from nfc.frontend.imports import suggest
 from nfc.frontend.limits import MAX_CALL_DEPTH, STATEMENTS, check_elements
-from nfc.frontend.loader import suggest
-from nfc.frontend.lower import Lowering
 from nfc.frontend.scalars import coerce, sty
 from nfc.frontend.shapes import (
     DTYPES,
@@ -30,7 +39,7 @@ from nfc.frontend.shapes import (
     is_dtype_var,
     unify_params,
 )
-from nfc.frontend.tensors import TV, aligned, broadcast_shape, compute
+from nfc.frontend.tensors import TensorExpr, aligned, broadcast_shape, compute
 from nfc.ir import TensorType, Value
 
 if TYPE_CHECKING:
@@ -183,24 +192,24 @@ class Elaborator(Lowering):
         saved = self.env.vars.get(s.var)
         for i in range(lo, hi):
             self.ctx.tick(s.loc)
-            self.env.vars[s.var] = CT(i)
+            self.env.vars[s.var] = CompileTimeBinding(i)
             self.block(s.body)
         if saved is None:
             self.env.vars.pop(s.var, None)
         else:
             self.env.vars[s.var] = saved
 
-    def bind(self, target: ast.Target, tv: TV, s: ast.Stmt) -> None:
+    def bind(self, target: ast.Target, tv: TensorExpr, s: ast.Stmt) -> None:
         """Bind a tensor-level result to a name (materialising it)."""
         declared = self.frame.declared(target.name, s)
         if declared is None and tv.const is not None:
-            self.env.vars[target.name] = CT(tv.const)
+            self.env.vars[target.name] = CompileTimeBinding(tv.const)
             return
         value = self.materialize(tv, target.name, s.loc, declared)
         self.env.vars[target.name] = TensorInfo.local(value, target.name, target.loc)
         self.frame.last = target.name
 
-    def materialize(self, tv: TV, name: str | None, loc: ast.Loc,
+    def materialize(self, tv: TensorExpr, name: str | None, loc: ast.Loc,
                     declared: TensorType | None = None) -> Value:
         """A tensor value for `tv`, broadcast and converted to `declared` when given."""
         if declared is not None:
@@ -209,9 +218,9 @@ class Elaborator(Lowering):
                         != declared.shape:
                     raise error(f"result '{name}' has shape [{', '.join(map(str, tv.shape))}]"
                                 f" but the op declares {format_tensor_type(declared)}", loc)
-                tv = TV(declared.shape, aligned(tv, declared.shape))
+                tv = TensorExpr(declared.shape, aligned(tv, declared.shape))
             sv = coerce(tv.sv, sty(declared.dtype), loc)
-            tv = TV(tv.shape, sv, tv.value if sv.ty == tv.sv.ty else None)
+            tv = TensorExpr(tv.shape, sv, tv.value if sv.ty == tv.sv.ty else None)
         if tv.value is not None:
             return tv.value
         op = compute(tv.shape, tv.sv, None, loc, name)
@@ -249,15 +258,15 @@ class Elaborator(Lowering):
         for p, a, tv in zip(op.params, e.args, args, strict=True):
             hint = DTYPES.get(p.type.dtype) or bound.get(p.type.dtype)
             if tv.value is None and hint is not None and tv.sv.ty.dtype is None:
-                tv = TV(tv.shape, coerce(tv.sv, sty(hint), a.loc))
+                tv = TensorExpr(tv.shape, coerce(tv.sv, sty(hint), a.loc))
             values.append(self.materialize(tv, None, a.loc))
         b = unify_params(op, [v.type for v in values], [a.loc for a in e.args], cvals)
         known: dict[str, CTValue] = {**cvals, **b.dims}
         if b.ellipsis is not None:
             known[ELLIPSIS] = b.ellipsis
         env = Env(scope, self.env.training)
-        env.vars.update({k: CT(v) for k, v in known.items()})
-        env.vars.update({k: DTypeB(v) for k, v in b.dtypes.items()})
+        env.vars.update({k: CompileTimeBinding(v) for k, v in known.items()})
+        env.vars.update({k: DTypeBinding(v) for k, v in b.dtypes.items()})
         for p, v in zip(op.params, values, strict=True):
             info = TensorInfo(v, p.name, p.loc, "", p.type, known)
             info.decl_text = info.describe()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from nfc.diagnostics import CompileError
 from nfc.frontend import ast
 from nfc.frontend.builtins import BUILTINS
-from nfc.frontend.loader import ModuleScope
+from nfc.frontend.imports import ModuleScope
 from nfc.frontend.scalars import INTRINSIC_ARITY
 from nfc.frontend.shapes import DTYPES, CTValue, Unbound, eval_ct
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from nfc.diagnostics import CompileError, error, note
 from nfc.frontend import ast, limits
-from nfc.frontend.context import CT, Fatal, TensorInfo
+from nfc.frontend.context import CompileTimeBinding, Fatal, TensorInfo
+from nfc.frontend.imports import suggest
 from nfc.frontend.limits import check_elements
-from nfc.frontend.loader import suggest
 from nfc.frontend.scalars import coerce, sty
 from nfc.frontend.shapes import DTYPES, format_tensor_type, is_dtype_var
-from nfc.frontend.tensors import TV, aligned, broadcast_shape
+from nfc.frontend.tensors import TensorExpr, aligned, broadcast_shape
 from nfc.ir import (
     Axis,
     Block,
@@ -96,7 +96,7 @@ class ModelState:
                             loc)
         flags = {f for f, _ in d.flags}
         self.declared[name] = d
-        values = {k: v.value for k, v in el.env.vars.items() if isinstance(v, CT)}
+        values = {k: v.value for k, v in el.env.vars.items() if isinstance(v, CompileTimeBinding)}
         if d.kind == "random":
             if d.init is not None:
                 raise error("a random tensor takes no initializer", d.init.loc)
@@ -191,9 +191,9 @@ class ModelState:
                 raise error(f"update of '{name}' has shape "
                             f"[{', '.join(map(str, tv.shape))}] but the state is "
                             f"{format_tensor_type(t)}", s.value.loc)
-            tv = TV(t.shape, aligned(tv, t.shape))
+            tv = TensorExpr(t.shape, aligned(tv, t.shape))
         sv = coerce(tv.sv, sty(t.dtype), s.value.loc)
-        tv = TV(tv.shape, sv, tv.value if sv.ty == tv.sv.ty else None)
+        tv = TensorExpr(tv.shape, sv, tv.value if sv.ty == tv.sv.ty else None)
         self.updates[name] = (el.materialize(tv, name, s.loc), s)
 
     def minimize_stmt(self, el: Elaborator, s: ast.Minimize) -> None:
@@ -294,4 +294,4 @@ def model_params(m: ast.ModelDef, el: Elaborator,
                         f"given is {value!r}", p.loc)
         if isinstance(default, float) and not isinstance(value, bool):
             value = float(value)
-        el.env.vars[p.name] = CT(value)
+        el.env.vars[p.name] = CompileTimeBinding(value)

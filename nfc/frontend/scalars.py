@@ -1,12 +1,12 @@
 """Typing rules of scalar expressions, building IR expressions (nfc.ir) as they check.
 
-A value is an `SV`: an IR expression with a scalar type `STy`. Literals, index variables and
-compile-time values are *weak*: they take the type of their context (`x[i] * 2` is f32). The
-rules are those of the operator table's lattice (`nfc.ops`: two strong operands must have the
-same dtype, a float literal never becomes an integer, weak integer and float make a float), plus
-the surface language's own: booleans are not numbers, an index expression becomes a float only
-through a cast, and a weak boolean is a compile-time constant. Operations on weak constants
-fold at compile time with Python semantics (each row's `scalar`; `//` and `%` floor).
+A value is a `ScalarExpr`: an IR expression with a scalar type `ScalarType`. Literals, index
+variables and compile-time values are *weak*: they take the type of their context (`x[i] * 2` is
+f32). The rules are those of the operator table's lattice (`nfc.ops`: two strong operands must
+have the same dtype, a float literal never becomes an integer, weak integer and float make a
+float), plus the surface language's own: booleans are not numbers, an index expression becomes a
+float only through a cast, and a weak boolean is a compile-time constant. Operations on weak
+constants fold at compile time with Python semantics (each row's `scalar`; `//` and `%` floor).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from nfc.ops.lattice import FLOAT, FLOAT_OR_WEAK, REAL
 
 
 @dataclass(frozen=True)
-class STy:
+class ScalarType:
     """A scalar type: kind (`int`, `float`, `bool`) and dtype, None while weak."""
 
     kind: str
@@ -44,24 +44,24 @@ class STy:
         return ops.WEAK_FLOAT if self.kind == "float" else ops.WEAK_INT
 
     @staticmethod
-    def of(k: ops.Kind) -> STy:
+    def of(k: ops.Kind) -> ScalarType:
         """The scalar type of a lattice element (i1 is a strong boolean)."""
         if isinstance(k, DType):
-            return STy("bool" if k is DType.I1 else "float" if k.is_float else "int", k)
-        return STy(k.value)
+            return ScalarType("bool" if k is DType.I1 else "float" if k.is_float else "int", k)
+        return ScalarType(k.value)
 
 
-WEAK_INT = STy.of(ops.WEAK_INT)
-WEAK_FLOAT = STy.of(ops.WEAK_FLOAT)
-BOOL = STy.of(DType.I1)
+WEAK_INT = ScalarType.of(ops.WEAK_INT)
+WEAK_FLOAT = ScalarType.of(ops.WEAK_FLOAT)
+BOOL = ScalarType.of(DType.I1)
 
 
-def sty(dtype: DType) -> STy:
+def sty(dtype: DType) -> ScalarType:
     """The strong scalar type of a dtype."""
-    return STy.of(dtype)
+    return ScalarType.of(dtype)
 
 
-def default_dtype(t: STy) -> DType:
+def default_dtype(t: ScalarType) -> DType:
     """The dtype a weak type takes when nothing else decides it."""
     if t.dtype is not None:
         return t.dtype
@@ -69,11 +69,11 @@ def default_dtype(t: STy) -> DType:
 
 
 @dataclass(frozen=True)
-class SV:
+class ScalarExpr:
     """A typed scalar expression."""
 
     expr: Expr
-    ty: STy
+    ty: ScalarType
 
     @property
     def const(self) -> int | float | bool | None:
@@ -83,31 +83,31 @@ class SV:
         return None
 
 
-def const(value: int | float | bool) -> SV:
+def const(value: int | float | bool) -> ScalarExpr:
     """A weak literal."""
     if isinstance(value, bool):
-        return SV(Const(value), STy("bool"))
+        return ScalarExpr(Const(value), ScalarType("bool"))
     if isinstance(value, int):
         if abs(value) > MAX_CT_INT:
             raise OverflowError
-        return SV(Const(value), WEAK_INT)
-    return SV(Const(float(value)), WEAK_FLOAT)
+        return ScalarExpr(Const(value), WEAK_INT)
+    return ScalarExpr(Const(float(value)), WEAK_FLOAT)
 
 
-def _ct(value: int | float | bool, loc: Loc) -> SV:
+def _ct(value: int | float | bool, loc: Loc) -> ScalarExpr:
     try:
         return const(value)
     except OverflowError:
         raise error("compile-time integer is too large", loc) from None
 
 
-def coerce(v: SV, target: STy, loc: Loc) -> SV:
+def coerce(v: ScalarExpr, target: ScalarType, loc: Loc) -> ScalarExpr:
     """`v` converted to `target` when that loses nothing; else a diagnostic."""
     if v.ty == target:
         return v
     if v.ty.kind == "bool" or target.kind == "bool":
         if v.ty.kind == target.kind:
-            return SV(v.expr, target if target.dtype else v.ty)
+            return ScalarExpr(v.expr, target if target.dtype else v.ty)
         raise error(f"expected a {target} value, found a {v.ty} one", loc)
     if v.ty.dtype is not None:
         if target.dtype is None and v.ty.kind == target.kind:
@@ -119,16 +119,16 @@ def coerce(v: SV, target: STy, loc: Loc) -> SV:
                     f"{target.dtype or 'f32'}(...)", loc)
     # v is weak
     if v.ty.kind == target.kind:
-        return SV(v.expr, target)
+        return ScalarExpr(v.expr, target)
     if v.ty.kind == "int" and target.kind == "float":
         if isinstance(v.expr, Const):
-            return SV(Const(float(v.expr.value)), target)
+            return ScalarExpr(Const(float(v.expr.value)), target)
         raise error(f"integer index expression used as a {target} value; cast it with "
                     f"{target.dtype or 'f32'}(...)", loc)
     raise error(f"float value used where an integer is expected ({target})", loc)
 
 
-def unify(a: SV, b: SV, loc: Loc) -> tuple[SV, SV]:
+def unify(a: ScalarExpr, b: ScalarExpr, loc: Loc) -> tuple[ScalarExpr, ScalarExpr]:
     """Bring two operands to one type: their join on the lattice, under the surface rules of
     `coerce`."""
     if a.ty.dtype is None and b.ty.dtype is None:
@@ -144,19 +144,19 @@ def unify(a: SV, b: SV, loc: Loc) -> tuple[SV, SV]:
         strong, weak = (a, b) if a.ty.dtype is not None else (b, a)
         coerce(weak, strong.ty, loc)  # raises the diagnostic of this pair
         raise AssertionError(f"{weak.ty} joins {strong.ty} but does not coerce to it")
-    target = STy.of(k)
+    target = ScalarType.of(k)
     return coerce(a, target, loc), coerce(b, target, loc)
 
 
-def _check(row: ops.Op, node: Expr, args: list[SV], loc: Loc) -> STy:
+def _check(row: ops.Op, node: Expr, args: list[ScalarExpr], loc: Loc) -> ScalarType:
     """The type of `node`, an application of `row` to `args`, by the table's typing rule."""
     def report(msg: str) -> None:
         raise error(msg, loc)
 
-    return STy.of(ops.check(row, node, [a.ty.lattice for a in args], report)[1])  # type: ignore[arg-type]
+    return ScalarType.of(ops.check(row, node, [a.ty.lattice for a in args], report)[1])  # type: ignore[arg-type]
 
 
-def _fold(row: ops.Op, values: list[int | float | bool], loc: Loc) -> SV:
+def _fold(row: ops.Op, values: list[int | float | bool], loc: Loc) -> ScalarExpr:
     """A row on compile-time constants, with Python semantics."""
     try:
         r = row.scalar_fn()(*values)
@@ -172,7 +172,7 @@ def _fold(row: ops.Op, values: list[int | float | bool], loc: Loc) -> SV:
     return _ct(r, loc)
 
 
-def binop(op: str, a: SV, b: SV, loc: Loc) -> SV:
+def binop(op: str, a: ScalarExpr, b: ScalarExpr, loc: Loc) -> ScalarExpr:
     """An arithmetic operator `+ - * / // %`."""
     for v in (a, b):
         if v.ty.kind == "bool":
@@ -186,10 +186,10 @@ def binop(op: str, a: SV, b: SV, loc: Loc) -> SV:
     if row.operands == REAL and a.ty.kind == "int":
         raise error(f"'{op}' divides floats; use '//' for integer (floor) division", loc)
     node = Binary(op, a.expr, b.expr)
-    return SV(node, _check(row, node, [a, b], loc))
+    return ScalarExpr(node, _check(row, node, [a, b], loc))
 
 
-def compare(op: str, a: SV, b: SV, loc: Loc) -> SV:
+def compare(op: str, a: ScalarExpr, b: ScalarExpr, loc: Loc) -> ScalarExpr:
     """A comparison; the result is a boolean."""
     x, y = a.const, b.const
     if x is not None and y is not None:
@@ -199,10 +199,10 @@ def compare(op: str, a: SV, b: SV, loc: Loc) -> SV:
     a, b = unify(a, b, loc)
     if a.ty.kind == "bool" and op not in ("==", "!="):
         raise error(f"operator '{op}' needs numbers, found booleans", loc)
-    return SV(Binary(op, a.expr, b.expr), BOOL)
+    return ScalarExpr(Binary(op, a.expr, b.expr), BOOL)
 
 
-def logic(op: str, a: SV, b: SV, loc: Loc) -> SV:
+def logic(op: str, a: ScalarExpr, b: ScalarExpr, loc: Loc) -> ScalarExpr:
     """`and` / `or` on booleans."""
     for v in (a, b):
         if v.ty.kind != "bool":
@@ -214,35 +214,35 @@ def logic(op: str, a: SV, b: SV, loc: Loc) -> SV:
         if op == "and":
             return b if x else const(False)
         return const(True) if x else b
-    return SV(Binary(op, a.expr, b.expr), BOOL)
+    return ScalarExpr(Binary(op, a.expr, b.expr), BOOL)
 
 
-def negate(a: SV, loc: Loc) -> SV:
+def negate(a: ScalarExpr, loc: Loc) -> ScalarExpr:
     """Arithmetic negation."""
     if a.ty.kind == "bool":
         raise error("cannot negate a boolean; use 'not'", loc)
     if a.const is not None:
         return _ct(-a.const, loc)
-    return SV(Unary("neg", a.expr), a.ty)
+    return ScalarExpr(Unary("neg", a.expr), a.ty)
 
 
-def logical_not(a: SV, loc: Loc) -> SV:
+def logical_not(a: ScalarExpr, loc: Loc) -> ScalarExpr:
     """`not a`."""
     if a.ty.kind != "bool":
         raise error(f"operand of 'not' must be a boolean, found {a.ty}", loc)
     if a.const is not None:
         return const(not a.const)
-    return SV(Unary("not", a.expr), BOOL)
+    return ScalarExpr(Unary("not", a.expr), BOOL)
 
 
-def select(c: SV, a: SV, b: SV, loc: Loc) -> SV:
+def select(c: ScalarExpr, a: ScalarExpr, b: ScalarExpr, loc: Loc) -> ScalarExpr:
     """`a if c else b`."""
     if c.ty.kind != "bool":
         raise error(f"the condition of 'if' must be a boolean, found {c.ty}", loc)
     if c.const is not None:
         return a if c.const else b
     a, b = unify(a, b, loc)
-    return SV(Select(c.expr, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
+    return ScalarExpr(Select(c.expr, a.expr, b.expr), a.ty if a.ty.dtype else b.ty)
 
 
 #: Intrinsics `.nf` source may call, name -> number of arguments: the operator table's rows
@@ -250,7 +250,7 @@ def select(c: SV, a: SV, b: SV, loc: Loc) -> SV:
 INTRINSIC_ARITY: Mapping[str, int] = ops.Intrinsics(surface=True)
 
 
-def intrinsic(fn: str, args: list[SV], loc: Loc) -> SV:
+def intrinsic(fn: str, args: list[ScalarExpr], loc: Loc) -> ScalarExpr:
     """An intrinsic call; the caller has checked the arity. The row's operand class decides:
     float operands take literals as floats and refuse index expressions without a cast."""
     row = ops.get(fn)
@@ -270,10 +270,10 @@ def intrinsic(fn: str, args: list[SV], loc: Loc) -> SV:
     if len(args) == 2:
         args = list(unify(args[0], args[1], loc))
     node = Call(fn, tuple(a.expr for a in args))
-    return SV(node, _check(row, node, args, loc))
+    return ScalarExpr(node, _check(row, node, args, loc))
 
 
-def _float_operand(fn: str, a: SV, loc: Loc) -> SV:
+def _float_operand(fn: str, a: ScalarExpr, loc: Loc) -> ScalarExpr:
     """A float operand of `fn`: a weak integer literal becomes a float one."""
     if a.ty.kind == "float":
         return a
@@ -282,20 +282,20 @@ def _float_operand(fn: str, a: SV, loc: Loc) -> SV:
     return coerce(a, WEAK_FLOAT, loc)
 
 
-def cast(dtype: DType, a: SV, loc: Loc) -> SV:
+def cast(dtype: DType, a: ScalarExpr, loc: Loc) -> ScalarExpr:
     """`f32(x)` and friends."""
     value = a.const
     if value is not None:
         if dtype is DType.I1:
-            return SV(Const(bool(value), DType.I1), BOOL)
+            return ScalarExpr(Const(bool(value), DType.I1), BOOL)
         if dtype.is_float:
-            return SV(Const(float(value), dtype), sty(dtype))
+            return ScalarExpr(Const(float(value), dtype), sty(dtype))
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"cannot convert {value} to {dtype}", loc)
-        return SV(Const(int(value), dtype), sty(dtype))
+        return ScalarExpr(Const(int(value), dtype), sty(dtype))
     if a.ty.dtype == dtype:
         return a
-    return SV(Cast(dtype, a.expr), sty(dtype))
+    return ScalarExpr(Cast(dtype, a.expr), sty(dtype))
 
 
 def has_index(e: Expr) -> bool:

@@ -1,6 +1,6 @@
 """Whole-tensor values of tensor-level statements (`g = h * 0.5 + 1.0`).
 
-A `TV` is a lazy elementwise expression: a scalar body over the index variables i0, i1, ...
+A `TensorExpr` is a lazy elementwise expression: a scalar body over the index variables i0, i1, ...
 of its shape. Operators combine bodies with numpy broadcasting, so a whole elementwise
 expression becomes one compute when it is materialised. Compile-time scalars are TVs of shape
 () whose body is a weak constant.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nfc.diagnostics import error
 from nfc.frontend.limits import check_elements
-from nfc.frontend.scalars import SV, STy, coerce, default_dtype, sty
+from nfc.frontend.scalars import ScalarExpr, ScalarType, coerce, default_dtype, sty
 from nfc.ir import (
     Axis,
     ComputeOp,
@@ -34,11 +34,11 @@ def idx(k: int) -> str:
 
 
 @dataclass(frozen=True)
-class TV:
+class TensorExpr:
     """A tensor-valued expression: shape, scalar type and body over i0..i{rank-1}."""
 
     shape: tuple[int, ...]
-    sv: SV
+    sv: ScalarExpr
     value: Value | None = None
 
     @property
@@ -52,15 +52,15 @@ class TV:
         return self.sv.const if not self.shape else None
 
     @staticmethod
-    def of(value: Value) -> TV:
+    def of(value: Value) -> TensorExpr:
         """The tensor `value` itself."""
         body = Load(value, tuple(Index(idx(k)) for k in range(value.type.rank)))
-        return TV(value.type.shape, SV(body, sty(value.dtype)), value)
+        return TensorExpr(value.type.shape, ScalarExpr(body, sty(value.dtype)), value)
 
     @staticmethod
-    def scalar(sv: SV) -> TV:
+    def scalar(sv: ScalarExpr) -> TensorExpr:
         """A rank-0 expression (a constant or a scalar element expression)."""
-        return TV((), sv)
+        return TensorExpr((), sv)
 
 
 def broadcast_shape(shapes: list[tuple[int, ...]], loc: Loc, what: str) -> tuple[int, ...]:
@@ -77,7 +77,7 @@ def broadcast_shape(shapes: list[tuple[int, ...]], loc: Loc, what: str) -> tuple
     return tuple(out)
 
 
-def aligned(tv: TV, shape: tuple[int, ...]) -> SV:
+def aligned(tv: TensorExpr, shape: tuple[int, ...]) -> ScalarExpr:
     """The body of `tv` as an element of a tensor of the broadcast `shape`."""
     off = len(shape) - tv.rank
     mapping: dict[str, Expr] = {}
@@ -85,16 +85,17 @@ def aligned(tv: TV, shape: tuple[int, ...]) -> SV:
         mapping[idx(k)] = Const(0) if n == 1 and shape[k + off] != 1 else Index(idx(k + off))
     if all(isinstance(v, Index) and v.name == k for k, v in mapping.items()):
         return tv.sv
-    return SV(substitute_indices(tv.sv.expr, mapping), tv.sv.ty)
+    return ScalarExpr(substitute_indices(tv.sv.expr, mapping), tv.sv.ty)
 
 
-def elementwise(args: list[TV], fn: Callable[[list[SV]], SV], loc: Loc, what: str) -> TV:
+def elementwise(args: list[TensorExpr], fn: Callable[[list[ScalarExpr]], ScalarExpr], loc: Loc,
+                what: str) -> TensorExpr:
     """Apply a scalar rule to broadcast operands."""
     shape = broadcast_shape([a.shape for a in args], loc, what)
-    return TV(shape, fn([aligned(a, shape) for a in args]))
+    return TensorExpr(shape, fn([aligned(a, shape) for a in args]))
 
 
-def compute(shape: tuple[int, ...], body: SV, dtype_hint: STy | None, loc: Loc,
+def compute(shape: tuple[int, ...], body: ScalarExpr, dtype_hint: ScalarType | None, loc: Loc,
             name: str | None) -> ComputeOp:
     """A compute op over i0..i{rank-1} (weak bodies take `dtype_hint` or the default)."""
     check_elements(shape, "the tensor", loc)
@@ -105,7 +106,7 @@ def compute(shape: tuple[int, ...], body: SV, dtype_hint: STy | None, loc: Loc,
     return ComputeOp(TensorType(shape, dtype), dims, body.expr, loc=loc, name=name)
 
 
-def reshape_body(src: TV, shape: tuple[int, ...], loc: Loc) -> TV:
+def reshape_body(src: TensorExpr, shape: tuple[int, ...], loc: Loc) -> TensorExpr:
     """Row-major reshape of `src` to `shape` (one dimension may be -1)."""
     if any(n == 0 or n < -1 for n in shape) or list(shape).count(-1) > 1:
         raise error(f"reshape target [{', '.join(map(str, shape))}] is invalid: sizes must be "
@@ -144,14 +145,14 @@ def reshape_body(src: TV, shape: tuple[int, ...], loc: Loc) -> TV:
         indices.append(Const(0) if n == 1 else e)
     body = src.sv.expr
     mapping = {idx(k): indices[k] for k in range(src.rank)}
-    return TV(shape, SV(substitute_indices(body, mapping), src.sv.ty))
+    return TensorExpr(shape, ScalarExpr(substitute_indices(body, mapping), src.sv.ty))
 
 
-def transpose_body(src: TV, perm: tuple[int, ...], loc: Loc) -> TV:
+def transpose_body(src: TensorExpr, perm: tuple[int, ...], loc: Loc) -> TensorExpr:
     """Output dimension k is input dimension perm[k]."""
     if sorted(perm) != list(range(src.rank)):
         raise error(f"transpose permutation [{', '.join(map(str, perm))}] is not a permutation "
                     f"of the {src.rank} dimensions of the operand", loc)
     mapping: dict[str, Expr] = {idx(p): Index(idx(k)) for k, p in enumerate(perm)}
     shape = tuple(src.shape[p] for p in perm)
-    return TV(shape, SV(substitute_indices(src.sv.expr, mapping), src.sv.ty))
+    return TensorExpr(shape, ScalarExpr(substitute_indices(src.sv.expr, mapping), src.sv.ty))

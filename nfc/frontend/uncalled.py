@@ -39,8 +39,8 @@ from nfc.frontend import ast
 from nfc.frontend.context import Ctx, Env, Fatal, Poisoned, TensorInfo
 from nfc.frontend.elaborate import Elaborator, Frame
 from nfc.frontend.ellipsis import ELLIPSIS, leading
+from nfc.frontend.imports import ModuleScope
 from nfc.frontend.limits import MAX_TENSOR_ELEMENTS, STATEMENTS
-from nfc.frontend.loader import ModuleScope
 from nfc.frontend.shapes import (
     DTYPES,
     CTValue,

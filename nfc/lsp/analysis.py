@@ -26,7 +26,7 @@ from typing import Any
 
 from nfc.diagnostics import SOURCES, CompileError, Diagnostic
 from nfc.frontend import ast
-from nfc.frontend.loader import Loader, ModuleScope, parse_file_cached, std_dir
+from nfc.frontend.imports import Loader, ModuleScope, parse_file_cached, std_dir
 from nfc.ir import Loc
 
 __all__ = ["Analysis", "Binding", "OpInfo", "analyze", "binding_at", "op_info", "std_ops",

@@ -1,8 +1,8 @@
 """The `fuse` pass: reward-based, training-aware fusion of computes into `nf.kernel` groups.
 
-Modules: `cost` (the optimistic price of a group, mirroring the CPU backend's group rules),
+Modules: `reward` (the optimistic price of a group, mirroring the CPU backend's group rules),
 `partition` (the greedy search over merges and recomputations). Device parameters live in
-`nfc.passes.devparams`. See docs/passes-builtin.md, section "fuse".
+`nfc.passes.fusion.device`. See docs/passes-builtin.md, section "fuse".
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import ClassVar
 
 from nfc.diagnostics import CompileError
 from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Op, YieldOp
-from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams, measured_device_params
-from nfc.passes.fusion.cost import CostModel
+from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams, measured_device_params
 from nfc.passes.fusion.partition import Decision, Group, Options, Partitioner
+from nfc.passes.fusion.reward import CostModel
 from nfc.passmanager import Context, ModulePass
 from nfc.printer import Namer
 from nfc.rewrite import Rewriter
@@ -47,7 +47,7 @@ class Fuse(ModulePass):
     regions saved, on the device described by the options. Steps with R <= 0 are rejected;
     the best remaining one is taken greedily while the merged group stays convex (the
     graph of kernels stays acyclic) and compilable by the CPU backend (see
-    nfc.passes.fusion.cost). Values read outside a group, by the backward pass for
+    nfc.passes.fusion.reward). Values read outside a group, by the backward pass for
     instance, are yielded; a recomputed value carries `nf.recompute = true`.
 
     Groups of one compute stay plain computes. Each kernel records its reward and savings
@@ -59,7 +59,7 @@ class Fuse(ModulePass):
     name: ClassVar[str] = "fuse"
 
     bandwidth_gbs: float = DEFAULT_DEVICE.bandwidth_gbs
-    """P_d: DRAM bandwidth of one core, GB/s (measure: python -m nfc.runtime.devparams)."""
+    """P_d: DRAM bandwidth of one core, GB/s (measure: python -m nfc.runtime.device_params)."""
     peak_gflops: float = DEFAULT_DEVICE.peak_gflops
     """P_c: sustained compute of one core in reductions (GEMM-like), GFLOP/s."""
     elementwise_gflops: float = DEFAULT_DEVICE.elementwise_gflops
@@ -84,7 +84,7 @@ class Fuse(ModulePass):
     """Comma-separated names of the functions to fuse; empty: all."""
     params: str = "options"
     """Where P_d, P_c, L come from: `options` (the options above) or `measured` (this
-    machine's measurement in the tuning cache, `python -m nfc.runtime.devparams`, for every
+    machine's measurement in the tuning cache, `python -m nfc.runtime.device_params`, for every
     option left at its default; the options when nothing was measured)."""
     explain: bool = False
     """Print every candidate step to stderr: taken, rejected or skipped, with R, ΔT, ΔC, ΔK."""

@@ -12,7 +12,7 @@ calls and existing `nf.kernel`s are fixed groups that are never merged. Candidat
   the reward says recomputing beats writing and reading it back).
 
 Each candidate's reward is `t(before) - t(after)` with the optimistic group costs of
-`nfc.passes.fusion.cost` (`ΔT/P_d + ΔC/P_c + ΔK·L`). Candidates with a positive reward go into
+`nfc.passes.fusion.reward` (`ΔT/P_d + ΔC/P_c + ΔK·L`). Candidates with a positive reward go into
 a heap; the best is taken if it is still current and legal, the groups it touched get new
 candidates, until none is left. Legality: the merged group must be convex in the DAG (no
 path leaves it and comes back, so the quotient graph stays acyclic), it must satisfy the
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from nfc.ir import ComputeOp, Func, Op, ReturnOp
-from nfc.passes.fusion.cost import EMPTY, CostModel, GroupCost
+from nfc.passes.fusion.reward import EMPTY, CostModel, GroupCost
 
 #: The consumer id standing for the function's `nf.return`.
 RETURN = -1

@@ -193,9 +193,9 @@ class LeanRun:
 
 
 def build_kernel(spec: Mapping[str, Any], schedule: Mapping[str, Any] | None) -> LeanRun:
-    """The worker's builder: codegen's kernel of `spec` (nfc.codegen.tuning) with
+    """The worker's builder: codegen's kernel of `spec` (nfc.codegen.kernel_spec) with
     `schedule`, behind a `LeanRun`."""
-    from nfc.codegen.tuning import build
+    from nfc.codegen.kernel_spec import build
 
     return LeanRun(build(spec, schedule).kernel)
 
@@ -312,7 +312,7 @@ def tune_kernel(k: Kernel, cache: Any, category: Mapping[str, Any], options: Tun
     (`confirm_best`); returns the result (schedule and time as the cache now has them) and
     the confirmation (side-by-side times, rejected winners). Raises MeasureSetupError when
     the kernel cannot be measured at all, ValueError when it has no schedule space."""
-    from nfc.codegen.tuning import space as space_of
+    from nfc.codegen.kernel_spec import space as space_of
 
     spec = kernel_spec(k)
     space = space_of(spec)
@@ -445,7 +445,7 @@ def confirm_best(cache: Any, category: Mapping[str, Any], key: str,
 def _kernel_report(k: Kernel, share: float, res: SearchResult, cache: Any,
                    category: Mapping[str, Any], history: tuple[float, ...], seconds: float,
                    mode: Mode, confirmation: Confirmation | None = None) -> KernelReport:
-    from nfc.codegen.tuning import space as space_of
+    from nfc.codegen.kernel_spec import space as space_of
 
     conf = confirmation or Confirmation()
     default = space_of(kernel_spec(k)).default()

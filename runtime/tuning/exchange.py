@@ -86,7 +86,7 @@ def measurement_problem(status: Status, time: Any, spread: Any, workspace: Any) 
 
 
 #: Keys of kernels the CPU code generator tuned (nfc.runtime.tuning.kernels.KEY_PREFIX, any
-#: version); other keys of the same category (device benchmarks: nfc.runtime.devparams)
+#: version); other keys of the same category (device benchmarks: nfc.runtime.device_params)
 #: store other data in the schedule field.
 _KERNEL_KEY = re.compile(r"nfk[0-9]+-")
 

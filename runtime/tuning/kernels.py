@@ -294,8 +294,8 @@ def roofline_seconds(op: KernelLike, peak_flops: float = 50e9, bandwidth: float 
 
 def kernel_spec(k: Kernel) -> dict[str, Any]:
     """The JSON spec the measuring worker rebuilds the canonical compute from
-    (nfc.codegen.tuning), with integer inputs used as indices kept in bounds."""
-    from nfc.codegen.tuning import kernel_spec as codegen_spec
+    (nfc.codegen.kernel_spec), with integer inputs used as indices kept in bounds."""
+    from nfc.codegen.kernel_spec import kernel_spec as codegen_spec
 
     assert isinstance(k.op, ComputeOp), "only single computes are tuned"
     op = canonical_compute(k.op)

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from nfc.codegen.artifact import build as artifact_build
+from nfc.codegen.artifact import assemble as artifact_build
 from nfc.codegen.artifact import build_artifact
 from nfc.codegen.artifact.container import (
     FOOTER,

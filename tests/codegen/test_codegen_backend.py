@@ -8,7 +8,16 @@ import json
 
 import numpy as np
 import pytest
-from codegen_lib import F32, check, compute, ld, matmul, random_inputs, reference, tensor
+from codegen_lib import (
+    F32,
+    assert_matches,
+    check,
+    compute,
+    ld,
+    matmul,
+    random_inputs,
+    tensor,
+)
 
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.jit import (
@@ -18,12 +27,12 @@ from nfc.codegen.jit import (
     new_module,
     set_num_threads,
 )
+from nfc.codegen.kernel_spec import build, kernel_spec, space
+from nfc.codegen.kernel_spec import reference as tuning_reference
 from nfc.codegen.loops import print_loops
 from nfc.codegen.lower import lower
 from nfc.codegen.native import build_shared, emit_assembly
 from nfc.codegen.schedule import Schedule, Split
-from nfc.codegen.tuning import build, kernel_spec, space
-from nfc.codegen.tuning import reference as tuning_reference
 from nfc.ir import Block, Call, Const, KernelOp, YieldOp
 
 GOLDEN_EW = """\
@@ -117,7 +126,7 @@ def test_aot_shared_library(tmp_path):
         if info.workspace_bytes:
             ptrs.append(ws.ctypes.data + (-ws.ctypes.data) % 64)
         getattr(lib, name)((ctypes.c_void_p * len(ptrs))(*ptrs))
-        np.testing.assert_allclose(outs[0], reference(op, ins)[0], rtol=1e-4, atol=1e-4)
+        assert_matches(op, ins, outs)
 
 
 def test_gomp_parallel_two_threads():
@@ -127,11 +136,10 @@ def test_gomp_parallel_two_threads():
     assert "GOMP_parallel" in kernel.ir_text
     before = get_num_threads()
     ins = random_inputs(kernel.info.inputs, 1)
-    want = reference(op, ins)[0]
     try:
         for n in (1, 2):
             set_num_threads(n)
-            np.testing.assert_allclose(kernel(*ins), want, rtol=1e-4, atol=1e-4)
+            assert_matches(op, ins, [kernel(*ins)])
     finally:
         set_num_threads(before)
 
@@ -174,11 +182,12 @@ def test_tuning_builder_roundtrip():
     ins = random_inputs(op.operands, 5)
     run = build(spec, cfg)
     ref = tuning_reference(spec)
-    np.testing.assert_allclose(run(ins), ref(ins), rtol=1e-5, atol=1e-5)
+    assert_matches(op, ins, [run(ins)])
+    assert_matches(op, ins, [ref(ins)])
     assert run.workspace_bytes > 0
     other = dict(cfg, mr=2, nv=1, ku=1)
     assert sp.is_valid(other)
-    np.testing.assert_allclose(build(spec, other)(ins), ref(ins), rtol=1e-4, atol=1e-4)
+    assert_matches(op, ins, [build(spec, other)(ins)])
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -201,4 +210,4 @@ def test_schedule_attribute_and_group_spec():
     kop = KernelOp(Block([c1, c2, YieldOp([c2.result])]))
     spec = json.loads(json.dumps(kernel_spec(kop)))
     ins = random_inputs([x], 2)
-    np.testing.assert_allclose(build(spec, None)(ins), reference(kop, ins)[0], rtol=1e-5)
+    assert_matches(kop, ins, [build(spec, None)(ins)])

@@ -10,8 +10,8 @@ from cuda_lib import case_programs, inputs_of, random_inputs, reference
 pytest.importorskip("cuda.bindings.driver", reason="cuda-python (the 'cuda' extra) is not "
                     "installed")
 
-from nfc.codegen.cuda.build import compile_program  # noqa: E402
 from nfc.codegen.cuda.driver import Device, NoDriverError, run_program  # noqa: E402
+from nfc.codegen.cuda.program import compile_program  # noqa: E402
 
 
 def _device() -> Device | None:

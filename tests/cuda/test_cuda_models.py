@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nfc.codegen.cuda.build import compile_program
 from nfc.codegen.cuda.hostrun import build_host, host_compiler, run_host
 from nfc.codegen.cuda.lower import lower_program
+from nfc.codegen.cuda.program import compile_program
 from nfc.codegen.cuda.sim import simulate
 from nfc.codegen.lower import group_of
 from nfc.interp import run as interp_run

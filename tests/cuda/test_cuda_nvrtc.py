@@ -14,7 +14,6 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python (the 'cuda' extra
                     "installed")
 
 from nfc.codegen.cuda import nvrtc  # noqa: E402
-from nfc.codegen.cuda.build import compile_program  # noqa: E402
 from nfc.codegen.cuda.lower import lower_program  # noqa: E402
 from nfc.codegen.cuda.nvrtc import (  # noqa: E402
     CudaToolchainError,
@@ -24,6 +23,7 @@ from nfc.codegen.cuda.nvrtc import (  # noqa: E402
     check_resources,
     compile_cuda,
 )
+from nfc.codegen.cuda.program import compile_program  # noqa: E402
 from nfc.codegen.cuda.render import render_kernels, render_program  # noqa: E402
 from nfc.codegen.cuda.schedule import GemmSchedule, GpuScheduleError  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_resource_limits():
 
 def test_compile_program_rejects_a_kernel_over_the_limits(monkeypatch):
     p = lower_program(matmul(16, 16, 16), name="mm")
-    monkeypatch.setattr("nfc.codegen.cuda.build.check_resources",
+    monkeypatch.setattr("nfc.codegen.cuda.program.check_resources",
                         lambda threads, res, arch: [f"{res.registers} registers (test)"])
     with pytest.raises(ResourceError, match=r"kernel 'mm' on sm_80: \d+ registers \(test\)"):
         compile_program(p, "sm_80")

@@ -101,7 +101,7 @@ def test_max_pool_padding_is_minus_inf_and_unchanged_for_finite_inputs(std_nn_sr
 
 @pytest.fixture
 def std_nn_src() -> str:
-    from nfc.frontend.loader import std_dir
+    from nfc.frontend.imports import std_dir
 
     return (std_dir() / "nn.nf").read_text()
 

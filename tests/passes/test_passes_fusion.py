@@ -13,9 +13,9 @@ from nfc.cost import compute_cost
 from nfc.interp import run
 from nfc.ir import CallOp, ComputeOp, KernelOp
 from nfc.irparser import parse_module
-from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
 from nfc.passes.fusion import FUSION_ATTR, Fuse
-from nfc.passes.fusion.cost import CostModel, gemm_like
+from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams
+from nfc.passes.fusion.reward import CostModel, gemm_like
 from nfc.passmanager import build_pipeline, get_pass
 
 EPILOGUE = """

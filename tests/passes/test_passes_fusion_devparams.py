@@ -7,7 +7,7 @@ import pytest
 
 from nfc.codegen import devbench
 from nfc.codegen.devbench import Timing, params_from
-from nfc.passes.devparams import DEFAULT_DEVICE
+from nfc.passes.fusion.device import DEFAULT_DEVICE
 from nfc.passmanager import build_pipeline
 
 
@@ -33,7 +33,7 @@ def test_micro_benchmarks_run():
 
 
 def test_device_params_cached(tmp_path, monkeypatch):
-    from nfc.runtime import devparams
+    from nfc.runtime import device_params as devparams_mod
 
     calls = []
 
@@ -46,13 +46,13 @@ def test_device_params_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(devbench, "BENCHMARKS", {"stream": fake("stream", 0.1),
                                                  "gemm": fake("gemm", 0.01)})
     db = tmp_path / "tuning.sqlite"
-    first = devparams.device_params(db)
+    first = devparams_mod.device_params(db)
     assert calls == ["stream", "gemm"]
     assert first.bandwidth_gbs == 10.0 and first.peak_gflops == 100.0
-    again = devparams.device_params(db)
+    again = devparams_mod.device_params(db)
     assert again == first and calls == ["stream", "gemm"]  # from the cache
     # --refresh measures again and keeps the new timing
     monkeypatch.setattr(devbench, "BENCHMARKS", {"stream": fake("stream", 0.5),
                                                  "gemm": fake("gemm", 0.01)})
-    assert devparams.device_params(db, refresh=True).bandwidth_gbs == pytest.approx(2.0)
-    assert devparams.device_params(db).bandwidth_gbs == pytest.approx(2.0)
+    assert devparams_mod.device_params(db, refresh=True).bandwidth_gbs == pytest.approx(2.0)
+    assert devparams_mod.device_params(db).bandwidth_gbs == pytest.approx(2.0)

@@ -12,8 +12,8 @@ import pytest
 
 import nfc.passes.fusion as fusion
 from nfc.irparser import parse_module
-from nfc.passes.devparams import DEFAULT_DEVICE, DeviceParams
 from nfc.passes.fusion import Fuse
+from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams
 from nfc.passmanager import Context
 
 SRC = """
@@ -63,17 +63,17 @@ def test_nothing_measured_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cached_provider_reads_only_the_cache(tmp_path: Path) -> None:
-    from nfc.runtime.devparams import cached_device_params
+    from nfc.runtime.device_params import cached_device_params
 
     assert cached_device_params(tmp_path / "none.sqlite") is None
 
 
 def test_cached_provider_reads_the_device_category(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # timings stored as `python -m nfc.runtime.devparams` stores them, under this machine's
+    # timings stored as `python -m nfc.runtime.device_params` stores them, under this machine's
     # category; then `fuse{params=measured}` takes them through the entry point
     from nfc.codegen.devbench import BENCH_VERSION
-    from nfc.runtime.devparams import cached_device_params
+    from nfc.runtime.device_params import cached_device_params
     from nfc.runtime.tuning import TuningCache, cpu_category
 
     db = tmp_path / "tuning.sqlite"

@@ -132,7 +132,7 @@ def test_unrolled_rnn_steps_share_one_key() -> None:
 
 
 def test_lean_run_matches_numpy_and_rebinds() -> None:
-    from nfc.codegen.tuning import kernel_spec
+    from nfc.codegen.kernel_spec import kernel_spec
 
     run = build_kernel(kernel_spec(_matmul()), None)
     assert isinstance(run, LeanRun)

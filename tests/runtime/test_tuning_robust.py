@@ -222,7 +222,7 @@ def test_import_rejects_implausible_records_and_keeps_the_good_ones(tmp_path: Pa
         assert best is not None and best.schedule == good  # not pruned by a forged record
         assert cache.verify() == []
     # records this nfc cannot judge (another schedule space; not a kernel, such as the
-    # device benchmarks of nfc.runtime.devparams) keep only the numeric checks
+    # device benchmarks of nfc.runtime.device_params) keep only the numeric checks
     foreign = {**cat, "schedule_space": "some-other-version"}
     with TuningCache(tmp_path / "f.sqlite") as cache:
         stats = cache.import_jsonl(io.StringIO(_export([

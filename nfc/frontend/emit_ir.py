@@ -10,13 +10,21 @@ from dataclasses import dataclass, field, replace
 from nfc.diagnostics import CompileError, Diagnostic, error, note
 from nfc.frontend import ast, builtins, scalars
 from nfc.frontend.builtins import BUILTINS
-from nfc.frontend.context import CT, Ctx, DTypeB, Env, Poison, Poisoned, TensorInfo
+from nfc.frontend.context import (
+    CompileTimeBinding,
+    Ctx,
+    DTypeBinding,
+    Env,
+    Poison,
+    Poisoned,
+    TensorInfo,
+)
 from nfc.frontend.ellipsis import ELLIPSIS, WHERE, ellipsis_names, expand, ir_name
 from nfc.frontend.limits import MAX_EXPR_DEPTH, MAX_KEPT_DEPTH, check_elements
 from nfc.frontend.ranges import Range, RangeTable, explicit, infer
-from nfc.frontend.scalars import SV, STy, default_dtype
+from nfc.frontend.scalars import ScalarExpr, ScalarType, default_dtype
 from nfc.frontend.shapes import DTYPES, CTValue, eval_int, format_ct
-from nfc.frontend.tensors import TV, elementwise
+from nfc.frontend.tensors import TensorExpr, elementwise
 from nfc.ir import (
     Axis,
     Binary,
@@ -96,7 +104,7 @@ class Lowering:
     def ct_lookup(self, name: str, loc: Loc) -> CTValue:
         """Lookup for eval_ct in the current environment."""
         b = self.env.get(name)
-        if isinstance(b, CT):
+        if isinstance(b, CompileTimeBinding):
             return b.value
         if isinstance(b, Poison):
             raise Poisoned
@@ -117,7 +125,7 @@ class Lowering:
             raise Poisoned
         if b is None:
             raise self.env.unknown(name, loc, self.env.scope.op_names())
-        if isinstance(b, CT):
+        if isinstance(b, CompileTimeBinding):
             raise error(f"'{name}' is a compile-time value ({format_ct(b.value)}), not a "
                         "tensor", loc)
         raise error(f"'{name}' is a dtype, not a tensor", loc)
@@ -130,7 +138,7 @@ class Lowering:
     def const_of(self, name: str) -> CTValue | None:
         """The value of a compile-time name, None for anything else."""
         b = self.env.get(name)
-        return b.value if isinstance(b, CT) else None
+        return b.value if isinstance(b, CompileTimeBinding) else None
 
     def infer(self, stmt: ast.Node, lhs: list[tuple[str, ast.Node, Range | None]],
               value: ast.Expr) -> RangeTable:
@@ -148,7 +156,7 @@ class Lowering:
         if name in DTYPES:
             return DTYPES[name]
         b = self.env.get(name)
-        return b.dtype if isinstance(b, DTypeB) else None
+        return b.dtype if isinstance(b, DTypeBinding) else None
 
     def unknown_callee(self, call: ast.Call) -> CompileError:
         """An unknown function name with a suggestion."""
@@ -168,18 +176,18 @@ class Lowering:
 
     # ---- element expressions ------------------------------------------------------------
 
-    def scalar(self, e: ast.Expr, sc: Scope) -> SV:
+    def scalar(self, e: ast.Expr, sc: Scope) -> ScalarExpr:
         """Lower an element expression (kept at most MAX_EXPR_DEPTH deep, see `shallow`)."""
         return self.shallow(self._scalar(e, sc), sc, e.loc)
 
-    def _scalar(self, e: ast.Expr, sc: Scope) -> SV:
+    def _scalar(self, e: ast.Expr, sc: Scope) -> ScalarExpr:
         if isinstance(e, ast.Num | ast.Bool):
             return scalars.const(e.value)
         if isinstance(e, ast.Name):
             if e.id in sc.names:
-                return SV(sc.names[e.id][0], scalars.WEAK_INT)
+                return ScalarExpr(sc.names[e.id][0], scalars.WEAK_INT)
             b = self.env.get(e.id)
-            if isinstance(b, CT):
+            if isinstance(b, CompileTimeBinding):
                 if isinstance(b.value, tuple):
                     raise error(f"'{e.id}' is a list; it cannot be used in an expression",
                                 e.loc)
@@ -243,7 +251,7 @@ class Lowering:
             return scalars.select(c, a, b, e.loc)
         raise error("a range or a list is not allowed here", e.loc)
 
-    def shallow(self, sv: SV, sc: Scope, loc: Loc) -> SV:
+    def shallow(self, sv: ScalarExpr, sc: Scope, loc: Loc) -> ScalarExpr:
         """`sv`, or a load of a compute of its own holding it when it is MAX_EXPR_DEPTH deep
         or more (a long operator chain), so that no pass or code generator has to recurse
         deeper. Enclosing guards go with it like with a hoisted reduction. Weakly typed
@@ -271,18 +279,19 @@ class Lowering:
                        loc=loc)
         self.ctx.emit(op)
         self.ctx.check_bounds(op)
-        return SV(Load(op.result, tuple(Index(a.name) for a in dims)), sv.ty)
+        return ScalarExpr(Load(op.result, tuple(Index(a.name) for a in dims)), sv.ty)
 
-    def comparisons(self, e: ast.Compare, vals: list[SV], keep: Callable[[SV], SV]) -> SV:
+    def comparisons(self, e: ast.Compare, vals: list[ScalarExpr],
+                    keep: Callable[[ScalarExpr], ScalarExpr]) -> ScalarExpr:
         """`a < b <= c` is `a < b and b <= c`; `keep` keeps each step shallow."""
-        out: SV | None = None
+        out: ScalarExpr | None = None
         for k, op in enumerate(e.ops):
             c = scalars.compare(op, vals[k], vals[k + 1], e.loc)
             out = c if out is None else keep(scalars.logic("and", out, c, e.loc))
         assert out is not None
         return out
 
-    def load(self, e: ast.Subscript, info: TensorInfo, indices: list[Expr]) -> SV:
+    def load(self, e: ast.Subscript, info: TensorInfo, indices: list[Expr]) -> ScalarExpr:
         """A located load of `info` (rank checked)."""
         rank = info.value.type.rank
         if len(indices) != rank:
@@ -291,9 +300,9 @@ class Lowering:
                         *_decl_note(info))
         ld = Load(info.value, tuple(indices))
         self.ctx.record_load(ld, e, info)
-        return SV(ld, scalars.sty(info.value.dtype))
+        return ScalarExpr(ld, scalars.sty(info.value.dtype))
 
-    def scalar_call(self, e: ast.Call, sc: Scope) -> SV:
+    def scalar_call(self, e: ast.Call, sc: Scope) -> ScalarExpr:
         """Intrinsics and casts inside element expressions."""
         if e.targs and e.fn not in BUILTINS and self.env.scope.lookup_op(e.fn, e.fn_loc) is None:
             raise error(f"'{e.fn}' takes no compile-time arguments", e.loc)
@@ -312,7 +321,7 @@ class Lowering:
 
     # ---- reductions ---------------------------------------------------------------------
 
-    def reduction(self, e: ast.Reduce, sc: Scope) -> tuple[list[Axis], SV, Scope]:
+    def reduction(self, e: ast.Reduce, sc: Scope) -> tuple[list[Axis], ScalarExpr, Scope]:
         """Bind the reduction's indices and lower its body; directly nested reductions of the
         same kind (`sum(i) sum(j) x`) merge into one."""
         inner = sc.child()
@@ -328,7 +337,7 @@ class Lowering:
             body = body.body
         # a range that depends on other indices (`sum(j in 0..i + 1)`) spans their hull and
         # guards the body: `lo <= j < hi`, the identity elsewhere
-        guard: SV | None = None
+        guard: ScalarExpr | None = None
         for ri, (lo, hi) in dependent:
             j = ast.Name(ri.loc, ri.name)
             for cond in (ast.Compare(ri.loc, ("<=",), (lo, j)) if lo is not None else None,
@@ -342,13 +351,13 @@ class Lowering:
         if sv.ty.kind == "bool":
             raise error(f"'{e.op}' of booleans; convert them with i32(...) or f32(...)", e.loc)
         if sv.ty.dtype is None:
-            sv = scalars.coerce(sv, STy(sv.ty.kind, default_dtype(sv.ty)), e.loc)
+            sv = scalars.coerce(sv, ScalarType(sv.ty.kind, default_dtype(sv.ty)), e.loc)
         if guard is not None:
             assert sv.ty.dtype is not None
-            sv = SV(Select(guard.expr, sv.expr, identity(e.op, sv.ty.dtype)), sv.ty)
+            sv = ScalarExpr(Select(guard.expr, sv.expr, identity(e.op, sv.ty.dtype)), sv.ty)
         return axes, sv, inner
 
-    def hoist(self, e: ast.Reduce, sc: Scope) -> SV:
+    def hoist(self, e: ast.Reduce, sc: Scope) -> ScalarExpr:
         """A reduction inside a larger expression becomes its own compute, over the enclosing
         indices it uses; enclosing guards go with it so that guarded accesses stay guarded."""
         axes, body, _ = self.reduction(e, sc)
@@ -365,7 +374,7 @@ class Lowering:
                        reduce=e.op, raxes=tuple(axes), loc=e.loc)
         self.ctx.emit(op)
         self.ctx.check_bounds(op)
-        return SV(Load(op.result, tuple(Index(a.name) for a in dims)), body.ty)
+        return ScalarExpr(Load(op.result, tuple(Index(a.name) for a in dims)), body.ty)
 
     # ---- comprehensions -----------------------------------------------------------------
 
@@ -419,7 +428,7 @@ class Lowering:
         if not lhs or lhs[0].name != ELLIPSIS:
             return lhs, expand(value, None), 0
         b = self.env.get(ELLIPSIS)
-        if not isinstance(b, CT) or not isinstance(b.value, tuple):
+        if not isinstance(b, CompileTimeBinding) or not isinstance(b.value, tuple):
             raise error("'...' in an index list stands for the leading indices of an op whose "
                         "signature has '...' (`x: T[..., D]`)", lhs[0].loc)
         loc = lhs[0].loc
@@ -430,7 +439,7 @@ class Lowering:
 
     # ---- whole-tensor expressions -------------------------------------------------------
 
-    def tensor(self, e: ast.Expr) -> TV | tuple[TV, ...]:
+    def tensor(self, e: ast.Expr) -> TensorExpr | tuple[TensorExpr, ...]:
         """Lower a tensor-level expression; op calls with several results give a tuple."""
         if isinstance(e, ast.Call) and e.fn not in scalars.INTRINSIC_ARITY \
                 and self.dtype_named(e.fn) is None:
@@ -439,16 +448,16 @@ class Lowering:
             if self.env.scope.lookup_op(e.fn, e.fn_loc) is not None:
                 results = self.call_op(e)
                 if len(results) == 1:
-                    return TV.of(results[0].value)
-                return tuple(TV.of(r.value) for r in results)
+                    return TensorExpr.of(results[0].value)
+                return tuple(TensorExpr.of(r.value) for r in results)
             raise self.unknown_callee(e)
         return self.tv(e)
 
-    def tv(self, e: ast.Expr) -> TV:
+    def tv(self, e: ast.Expr) -> TensorExpr:
         """A tensor-level expression with exactly one value (kept shallow, see `shallow`)."""
         return self.shallow_tv(self._tv(e), e.loc)
 
-    def shallow_tv(self, tv: TV, loc: Loc) -> TV:
+    def shallow_tv(self, tv: TensorExpr, loc: Loc) -> TensorExpr:
         """`tv`, materialised when its body is MAX_EXPR_DEPTH deep or more (see `shallow`)."""
         if tv.value is not None or self.ctx.depth(tv.sv.expr) < MAX_EXPR_DEPTH:
             return tv
@@ -457,19 +466,19 @@ class Lowering:
                 raise error(f"expression nested more than {MAX_KEPT_DEPTH} deep; split it "
                             "into several statements", loc)
             return tv
-        return TV.of(self.materialize(tv, None, loc))
+        return TensorExpr.of(self.materialize(tv, None, loc))
 
-    def _tv(self, e: ast.Expr) -> TV:
+    def _tv(self, e: ast.Expr) -> TensorExpr:
         if isinstance(e, ast.Num | ast.Bool):
-            return TV.scalar(scalars.const(e.value))
+            return TensorExpr.scalar(scalars.const(e.value))
         if isinstance(e, ast.Name):
             b = self.env.get(e.id)
             if isinstance(b, TensorInfo):
-                return TV.of(b.value)
-            if isinstance(b, CT) and isinstance(b.value, tuple):
+                return TensorExpr.of(b.value)
+            if isinstance(b, CompileTimeBinding) and isinstance(b.value, tuple):
                 raise error(f"'{e.id}' is a list; it cannot be used in an expression", e.loc)
-            if isinstance(b, CT):
-                return TV.scalar(scalars.const(b.value))
+            if isinstance(b, CompileTimeBinding):
+                return TensorExpr.scalar(scalars.const(b.value))
             if isinstance(b, Poison):
                 raise Poisoned
             if b is None:
@@ -485,8 +494,8 @@ class Lowering:
             sc = Scope({}, [], [], self.infer(e, [], e))
             sv = self.scalar(e, sc)
             if isinstance(sv.expr, Load) and not sv.expr.indices:
-                return TV.of(sv.expr.tensor)
-            return TV.scalar(sv)
+                return TensorExpr.of(sv.expr.tensor)
+            return TensorExpr.scalar(sv)
         if isinstance(e, ast.Call):
             if e.fn in scalars.INTRINSIC_ARITY or self.dtype_named(e.fn) is not None:
                 return self.tensor_intrinsic(e)
@@ -510,7 +519,7 @@ class Lowering:
                 return elementwise(ops, lambda v: self.comparisons(e, v, _same), e.loc,
                                    "a comparison")
             # a long chain `a < b < c ...`: one link at a time, each kept shallow
-            out: TV | None = None
+            out: TensorExpr | None = None
             for k, op in enumerate(e.ops):
                 c = elementwise(ops[k:k + 2], _comparer(op, e.loc), e.loc, "a comparison")
                 out = c if out is None else self.shallow_tv(
@@ -532,7 +541,7 @@ class Lowering:
                                e.loc, "'if'")
         raise error("a range or a list is not allowed here", e.loc)
 
-    def tensor_intrinsic(self, e: ast.Call) -> TV:
+    def tensor_intrinsic(self, e: ast.Call) -> TensorExpr:
         """Intrinsics and casts applied elementwise to whole tensors."""
         dt = self.dtype_named(e.fn)
         if dt is not None:
@@ -544,7 +553,7 @@ class Lowering:
         return elementwise(args, lambda v: scalars.intrinsic(e.fn, v, e.loc), e.loc,
                            f"'{e.fn}'")
 
-    def builtin(self, e: ast.Call) -> TV:
+    def builtin(self, e: ast.Call) -> TensorExpr:
         """`reshape`, `transpose`, `zeros`, `full`, `zeros_like` (nfc.frontend.builtins)."""
         return builtins.builtin(self, e)
 
@@ -553,26 +562,26 @@ class Lowering:
         raise NotImplementedError
 
 
-def _apply(link: ast.BinOp | ast.BoolOp, a: SV, b: SV) -> SV:
+def _apply(link: ast.BinOp | ast.BoolOp, a: ScalarExpr, b: ScalarExpr) -> ScalarExpr:
     """One link `a op b` of an operator chain."""
     if isinstance(link, ast.BinOp):
         return scalars.binop(link.op, a, b, link.loc)
     return scalars.logic(link.op, a, b, link.loc)
 
 
-def _applier(link: ast.BinOp | ast.BoolOp) -> Callable[[list[SV]], SV]:
+def _applier(link: ast.BinOp | ast.BoolOp) -> Callable[[list[ScalarExpr]], ScalarExpr]:
     return lambda v: _apply(link, v[0], v[1])
 
 
-def _comparer(op: str, loc: Loc) -> Callable[[list[SV]], SV]:
+def _comparer(op: str, loc: Loc) -> Callable[[list[ScalarExpr]], ScalarExpr]:
     return lambda v: scalars.compare(op, v[0], v[1], loc)
 
 
-def _conjunction(loc: Loc) -> Callable[[list[SV]], SV]:
+def _conjunction(loc: Loc) -> Callable[[list[ScalarExpr]], ScalarExpr]:
     return lambda v: scalars.logic("and", v[0], v[1], loc)
 
 
-def _same(sv: SV) -> SV:
+def _same(sv: ScalarExpr) -> ScalarExpr:
     return sv
 
 

@@ -1,8 +1,8 @@
 """The fusion reward's device parameters, measured once per machine and kept in the tuning
 cache.
 
-    python -m nfc.runtime.devparams            # measure (or reuse) and print `fuse{...}`
-    python -m nfc.runtime.devparams --refresh  # measure again
+    python -m nfc.runtime.device_params            # measure (or reuse) and print `fuse{...}`
+    python -m nfc.runtime.device_params --refresh  # measure again
 
 `device_params()` looks the micro-benchmark timings of `nfc.codegen.devbench` up in the tuning
 cache under the CPU category (`cpu_category()`: device, features, cores, llvmlite and schedule
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nfc.passes.devparams import DeviceParams
+from nfc.passes.fusion.device import DeviceParams
 
 
 def device_params(db: str | Path | None = None, *, refresh: bool = False,
@@ -76,7 +76,7 @@ def cached_device_params(db: str | Path | None = None) -> DeviceParams | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the measured parameters as a `fuse` pipeline entry."""
-    p = argparse.ArgumentParser(prog="python -m nfc.runtime.devparams",
+    p = argparse.ArgumentParser(prog="python -m nfc.runtime.device_params",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", help="tuning cache file (default: nfc's)")

@@ -10,10 +10,10 @@ from data. A *kernel spec* is JSON:
 the compute or `nf.kernel` op to build (default: the first one). `inputs` describes the
 kernel's inputs in `KernelInfo.inputs` order, as the worker needs them to generate data.
 
-- `build(spec, schedule) -> run` (import path `"nfc.codegen.tuning:build"`): compile with a
+- `build(spec, schedule) -> run` (import path `"nfc.codegen.kernel_spec:build"`): compile with a
   schedule (a schedule-space parameter dict, or a `Schedule.to_dict()`), return
   `run(inputs) -> outputs` on numpy arrays. `run.workspace_bytes` is set.
-- `reference(spec) -> run` (`"nfc.codegen.tuning:reference"`): the default schedule's kernel.
+- `reference(spec) -> run` (`"nfc.codegen.kernel_spec:reference"`): the default schedule's kernel.
 - `space(spec)`: the kernel's `ScheduleSpace` (`params`, `default`, `is_valid`).
 - `kernel_spec(op)`: the spec of an op taken from a function.
 """

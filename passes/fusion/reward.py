@@ -5,7 +5,7 @@ every elementwise compute that is not a kernel output is inlined into the comput
 it (`compute_inline`, recomputed at every read), every other compute is a *stage* with its
 own loop nest, materialised in the kernel's workspace or written to an output. This module
 mirrors that rule (passes may not import codegen) and prices a group with the device
-parameters of `nfc.passes.devparams`:
+parameters of `nfc.passes.fusion.device`:
 
 - traffic T: every input read once, every output written once; an intermediate stage (or an
   output read back by a later stage) that fits the cache (`cache_kib`) costs nothing more,
@@ -40,7 +40,7 @@ from nfc.ir import (
     loads,
     substitute_indices,
 )
-from nfc.passes.devparams import DeviceParams
+from nfc.passes.fusion.device import DeviceParams
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ options:
     nfc opt model.nf -p 'fuse{bandwidth-gbs=15,peak-gflops=80,region-us=2}'
 
 `nfc.codegen.devbench.measure()` measures them on the machine with JIT-compiled
-micro-kernels, and `nfc.runtime.devparams.device_params()` caches that measurement in the
+micro-kernels, and `nfc.runtime.device_params.device_params()` caches that measurement in the
 tuning cache (keyed by the CPU category) and prints the option string for the pipeline;
 `fuse{params=measured}` reads that cached measurement (`measured_device_params`).
 """
