@@ -28,7 +28,18 @@ class CpuTarget:
 
     def has(self, feature: str) -> bool:
         """Whether the feature string enables `feature` (e.g. `avx512f`)."""
-        return f"+{feature}" in self.features.split(",")
+        return feature in self.enabled
+
+    @property
+    def enabled(self) -> frozenset[str]:
+        """The features the string leaves enabled: the last `+f`/`-f` of each name wins, as
+        in LLVM (so an override appended to the host's string, `...,+avx512f,-avx512f`,
+        turns the feature off)."""
+        state: dict[str, bool] = {}
+        for item in self.features.split(","):
+            if item[:1] in "+-" and len(item) > 1:
+                state[item[1:]] = item[0] == "+"
+        return frozenset(f for f, on in state.items() if on)
 
     @property
     def vector_bits(self) -> int:
@@ -62,7 +73,7 @@ class CpuTarget:
 
     def key(self) -> str:
         """A string identifying the target (for caches): CPU name and enabled features."""
-        on = sorted(f for f in self.features.split(",") if f.startswith("+"))
+        on = sorted(f"+{f}" for f in self.enabled)
         return self.cpu + ":" + ",".join(on)
 
 

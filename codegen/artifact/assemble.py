@@ -306,7 +306,7 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
             "kernels": kmeta, "copies": len(plan.copies),
         }
     _emit_init(llmod, tensors)
-    feats = sorted(x[1:] for x in target.features.split(",") if x.startswith("+"))
+    feats = sorted(target.enabled)
     meta: dict[str, Any] = {
         "abi_version": ABI_VERSION, "nfc_version": __version__, "model": module.name,
         "target": {"triple": target.triple, "cpu": target.cpu, "features": feats},
