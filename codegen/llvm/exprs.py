@@ -285,6 +285,14 @@ class ExprEmitter:
         self.aff_memo[key] = (e, form)
         return form
 
+    def scalar(self, v: ir.Value, lane_at: int | None) -> ir.Value:
+        """`v` as a scalar: a lane-independent value (the lane variable substituted, or an
+        atom without it) may still come out as a vector in a vectorized loop, from a `select`
+        or a gather inside it: its lane `lane_at` (0 when None)."""
+        if isinstance(v.type, ir.VectorType):
+            return self.b.extract_element(v, ir.Constant(M.I32, lane_at or 0))
+        return v
+
     def int_value(self, e: Expr, lane_at: int | None = None) -> ir.Value:
         """The scalar i64 value of the index expression `e` (the lane variable, if any, at
         `lane_at`): a sum of the non-constant terms of its affine form, with everything
@@ -294,7 +302,7 @@ class ExprEmitter:
                             and form[0].coeff(self.lane)):
             if lane_at is not None and self.lane is not None:
                 e = _subst(e, self.lane, lane_at)
-            return self.value(e, DType.I64)
+            return self.scalar(self.value(e, DType.I64), lane_at)
         a, atoms = form
         b = self.b
         total = a.const
@@ -303,7 +311,8 @@ class ExprEmitter:
             if name == self.lane:
                 total += c * (lane_at or 0)
                 continue
-            v = self.value(atoms[name], DType.I64) if name in atoms else self.env[name]
+            v = (self.scalar(self.value(atoms[name], DType.I64), lane_at) if name in atoms
+                 else self.env[name])
             known = const_ints(v)
             if known is not None and len(known) == 1:
                 total += c * known[0]
@@ -353,7 +362,7 @@ class ExprEmitter:
             p = self.gep(buf, base)
             mask = self.mask
             for c in clamps:
-                x = self.emit(c.x, DType.I64)
+                x = self.value(c.x, DType.I64)  # value(): a gather index is an i32 load
                 known = const_ints(x)
                 if known is not None and all(v <= c.hi for v in known):
                     continue  # every lane in bounds: no mask needed for this clamp

@@ -1,4 +1,5 @@
-"""Helpers of the codegen tests: IR builders, random inputs and the interpreter oracle."""
+"""Helpers of the codegen tests: IR builders, random inputs and the interpreter oracle with
+the error bound of each computation (nfc.testing)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from nfc.ir import (
 )
 
 F32, F64, I32, I64, I1 = DType.F32, DType.F64, DType.I32, DType.I64, DType.I1
+#: Fallback tolerances where a result has no finite error bound (see assert_matches).
 RTOL = {F32: 1e-4, F64: 1e-10}
 
 
@@ -82,35 +84,44 @@ def random_inputs(values: Sequence[Value], seed: int = 0, *, positive: bool = Fa
     return out
 
 
-def reference(op: ComputeOp | KernelOp, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The interpreter's results for `op` on `inputs`."""
+def _single(op: ComputeOp | KernelOp) -> Func:
     from nfc.codegen.lower import group_of
 
     _, outs, ins = group_of(op)
     rets = list(op.results) if isinstance(op, KernelOp) else list(outs)
-    func = Func("f", list(ins), Block([op, ReturnOp(rets)]))
-    return interp_run(func, list(inputs))
+    return Func("f", list(ins), Block([op, ReturnOp(rets)]))
+
+
+def reference(op: ComputeOp | KernelOp, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The interpreter's results for `op` on `inputs`."""
+    return interp_run(_single(op), list(inputs))
+
+
+def assert_matches(op: ComputeOp | KernelOp, inputs: Sequence[np.ndarray],
+                   got: Sequence[np.ndarray], *, atol: float | None = None) -> None:
+    """`got` (the results of a compiled `op` on `inputs`) against the interpreter, within the
+    error bound of the computation (nfc.testing.assert_matches_oracle: float64 reference and
+    a bound of any float32/float64 evaluation order, so neither the machine nor the schedule's
+    summation order matters). Elements without a finite bound fall back to rtol RTOL and
+    `atol` (default 1e-5 for f32, 1e-12 for f64)."""
+    from nfc.testing import assert_matches_oracle
+
+    f32 = any(np.asarray(g).dtype == np.float32 for g in got)
+    dt = F32 if f32 else F64
+    assert_matches_oracle(_single(op), list(inputs), list(got), rtol=RTOL[dt],
+                          atol=atol if atol is not None else (1e-5 if f32 else 1e-12))
 
 
 def check(op: ComputeOp | KernelOp, schedule: object = None, *, seed: int = 0,
           positive: bool = False, inputs: Sequence[np.ndarray] | None = None,
           atol: float | None = None):
-    """Compile `op` (default or given schedule), run, compare with the interpreter."""
+    """Compile `op` (default or given schedule), run, compare with the interpreter
+    (assert_matches)."""
     from nfc.codegen.jit import compile_kernel
 
     kernel = compile_kernel(op, schedule)  # type: ignore[arg-type]
     ins = list(inputs) if inputs is not None else random_inputs(inputs_of(op), seed,
                                                                positive=positive)
     got = kernel(*ins)
-    got = list(got) if isinstance(got, tuple) else [got]
-    want = reference(op, ins)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        dt = DType(str(g.dtype).replace("float", "f").replace("int", "i")) \
-            if g.dtype != np.bool_ else I1
-        if g.dtype.kind == "f":
-            tol = atol if atol is not None else (1e-5 if dt is F32 else 1e-12)
-            np.testing.assert_allclose(g, w, rtol=RTOL[dt], atol=tol)
-        else:
-            np.testing.assert_array_equal(g, w)
+    assert_matches(op, ins, list(got) if isinstance(got, tuple) else [got], atol=atol)
     return kernel
