@@ -29,6 +29,7 @@ from nfc.ir import (
     Unary,
     YieldOp,
 )
+from nfc.ops.lattice import WEAK_FLOAT, WEAK_INT, TypeClash, is_float, join, raise_clash
 
 #: Unit roundoff of float64 and float32 (half an ulp of 1.0).
 U64 = 2.0 ** -53
@@ -86,11 +87,7 @@ def _gamma(n: Any, u: float) -> Any:
     return np.where(nu < 0.5, nu / (1.0 - np.minimum(nu, 0.5)), np.inf)
 
 
-WEAK_INT, WEAK_FLOAT = "int", "float"
-
-
-def _is_float(k: Any) -> bool:
-    return k == WEAK_FLOAT or (isinstance(k, DType) and k.is_float)
+_is_float = is_float  # the operator table's lattice (nfc.ops.lattice): one typing rule
 
 
 def _unit(k: Any) -> float:
@@ -131,15 +128,15 @@ def _convert(x: _BV, to: DType) -> _BV:
 
 
 def _unify(a: _BV, b: _BV) -> tuple[_BV, _BV, Any]:
-    if isinstance(a.k, DType) and isinstance(b.k, DType):
-        if a.k != b.k:
-            raise ValueError(f"operand types differ ({a.k} and {b.k})")
-        return a, b, a.k
-    if isinstance(a.k, DType):
-        return a, _convert(b, a.k), a.k
-    if isinstance(b.k, DType):
-        return _convert(a, b.k), b, b.k
-    return a, b, (WEAK_FLOAT if WEAK_FLOAT in (a.k, b.k) else WEAK_INT)
+    """The operands in their common kind (the lattice's join), weak ones converted."""
+    try:
+        k = join("operation", a.k, b.k, raise_clash)
+    except TypeClash as exc:
+        raise ValueError(str(exc)) from None
+    if isinstance(k, DType):
+        a = a if isinstance(a.k, DType) else _convert(a, k)
+        b = b if isinstance(b.k, DType) else _convert(b, k)
+    return a, b, k
 
 
 def _monotone(fn: Any, v: Any, e: Any, lo_ok: float | None, lam: float
