@@ -36,8 +36,6 @@ from nfc.codegen.cuda.lower import (
     bind_coords,
     body_expr,
     c,
-    conj,
-    guard,
     kernel_shell,
     let,
     lets,
@@ -58,6 +56,8 @@ from nfc.codegen.loops import (
     Stmt,
     Store,
 )
+from nfc.codegen.lowering.tails import conjunction as conj
+from nfc.codegen.lowering.tails import guarded as guard
 from nfc.contraction import match_contraction, plain_names
 from nfc.ir import Axis, Binary, ComputeOp, Const, DType, Expr, Index, Select
 

@@ -50,6 +50,7 @@ from nfc.codegen.loops import (
     unique_name,
 )
 from nfc.codegen.lower import group_of, group_stages, identity
+from nfc.codegen.lowering.tails import guarded as guard
 from nfc.contraction import flatten, match_contraction
 from nfc.ir import (
     Axis,
@@ -176,19 +177,6 @@ def mul(x: Expr, k: int) -> Expr:
 def lt(x: Expr, k: int) -> Expr:
     """`x < k`."""
     return Binary("<", x, c(k))
-
-
-def conj(conds: Sequence[Expr]) -> Expr | None:
-    """`a and b and ...`; None for no condition."""
-    out: Expr | None = None
-    for x in conds:
-        out = x if out is None else Binary("and", out, x)
-    return out
-
-
-def guard(cond: Expr | None, body: Stmt) -> Stmt:
-    """`body` under `cond` (none: unguarded)."""
-    return body if cond is None else If(cond, body)
 
 
 def unflatten(flat: Expr, extents: Sequence[int]) -> list[Expr]:
