@@ -13,7 +13,8 @@ it, -p and the --no-* flags change it) and the baselines in benchmarks/run_basel
 all from nfc's initial parameters and the same inputs. After warm-up the median of single
 steps over at least --min-time seconds counts. The table gives each time, its ratio to nfc's,
 the cold compile time and the peak RSS of each process; --json writes one line per case.
-A case that fails is reported with its reason and the run goes on. docs/performance.md has
+A case that fails is reported with its reason and the run goes on. `--model NAME` chooses the
+model of a file that defines several, as in `nfc compile`. docs/performance.md has
 the method, the machine and the results.
 """
 
@@ -24,7 +25,7 @@ import sys
 from typing import Any
 
 from nfc.cli import UsageError
-from nfc.cli.pipeline_args import add_build_pipeline_arguments, build_flags
+from nfc.cli.pipeline_args import add_build_pipeline_arguments, add_model_argument, build_flags
 
 #: Minutes `nfc bench --all` may take (under half an hour on a 2-core machine).
 ALL_BUDGET_MIN = 29
@@ -66,6 +67,7 @@ def add_parser(subparsers: Any) -> None:
                    help="print the tables of an earlier run's --json file (runs nothing)")
     p.add_argument("--markdown", action="store_true",
                    help="with --report: the step-time table in Markdown")
+    add_model_argument(p)
     add_build_pipeline_arguments(p, pass_manager=False)
     p.set_defaults(func=run)
 
@@ -78,6 +80,20 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     if not vals or any(v < 1 for v in vals):
         raise UsageError(f"{what} takes positive integers, got '{text}'")
     return vals
+
+
+def _choose(m: Any, model: str | None) -> Any:
+    """`m` with the model `--model` names (the compiler's located errors when the file has
+    none of that name, or several and no `--model`), checked here by parsing the file, before
+    the worker processes compile it."""
+    import dataclasses
+
+    from nfc.frontend import choose_model
+
+    name = choose_model(m.file, model)
+    if model is None:
+        return m
+    return dataclasses.replace(m, model=name, name=m.name if m.twin else name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         models = MODELS if args.all else tuple(resolve(s) for s in args.models)
     except UnknownModel as exc:
         raise UsageError(str(exc)) from None
+    if args.all and args.model is not None:
+        raise UsageError("--model chooses the model of the files given; it does not combine "
+                         "with --all")
+    models = tuple(_choose(m, args.model) for m in models)
     frameworks = tuple(f.strip() for f in args.frameworks.split(",") if f.strip())
     bad = [f for f in frameworks if f not in FRAMEWORKS]
     if bad or not frameworks:

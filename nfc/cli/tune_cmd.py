@@ -6,6 +6,8 @@ the best in the tuning cache, which `nfc compile` and `nfc train` then use.
     nfc tune model.nf --set batch=32 --db team.sqlite --report tune.json --plot tune.png
     nfc tune model.nf --mode fast                    # never measure the naive default
     nfc tune model.nf --mode heuristic               # measure nothing: show what is cached
+    nfc tune models.nf --model small                 # one model of a file that defines several
+    nfc tune model.nf --cluster tcp://HOST:8786      # measure on dask workers (docs/distributed.md)
 
 Kernels are tuned most expensive first (by a profiled step with default schedules, else by
 FLOP/byte counts); identical kernels (one layer in two models, the steps of an unrolled RNN)
@@ -21,12 +23,19 @@ change `nfc compile`'s, and must match the build that is to use the results).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nfc.cli import UsageError
-from nfc.cli.pipeline_args import add_build_pipeline_arguments, pass_manager_options
+from nfc.cli.pipeline_args import (
+    add_build_pipeline_arguments,
+    add_model_argument,
+    pass_manager_options,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -75,8 +84,29 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--plot", metavar="TUNE.png",
                    help="plot best speedup so far against trials (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--cluster", metavar="ADDR",
+                   help="measure candidates on the workers of the dask scheduler at ADDR "
+                   "(tcp://HOST:PORT) whose machine category is this machine's; the search "
+                   "and the cache stay here (pip install 'nfc[distributed]')")
+    add_model_argument(p)
     add_build_pipeline_arguments(p, flags=("im2col",))
     p.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def _measurer(args: argparse.Namespace) -> Iterator[Any]:
+    """`--cluster`: the measurer factory of the dask cluster (None without the flag)."""
+    if not args.cluster:
+        yield None
+        return
+    from nfc.runtime.distributed.dask_tune import ClusterError, cluster_measurer
+
+    log = None if args.quiet else (lambda s: print(s, file=sys.stderr))
+    try:
+        with cluster_measurer(args.cluster, log=log) as make:
+            yield make
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     timings = Timings()
     try:
         module = build_model(src, args.settings, pipeline, im2col=not args.no_im2col,
-                             timings=timings, **pm_options)
+                             timings=timings, model=args.model, **pm_options)
     except SettingError as exc:
         raise UsageError(str(exc)) from None
     if args.time_passes:
@@ -136,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
         cache = TuningCache(args.db) if args.db else TuningCache()
     except CacheError as exc:
         raise UsageError(str(exc)) from None
-    with cache:
+    with cache, _measurer(args) as make:
+        if make is not None:
+            options = dataclasses.replace(options, measurer=make)
         progress = Progress(0, trials, quiet=args.quiet)
         try:
             report = tune_module(module, cache, options=options, progress=progress,

@@ -28,7 +28,7 @@ from nfc.frontend.model import ModelState, model_params
 from nfc.frontend.uncalled import check_uncalled, referenced_ops
 from nfc.ir import Block, Func, Loc, Module, ReturnOp, TensorType, Value
 
-__all__ = ["compile_file", "compile_source", "compile_op"]
+__all__ = ["choose_model", "compile_file", "compile_source", "compile_op"]
 
 Params = Mapping[str, int | float | bool]
 
@@ -107,19 +107,10 @@ def compile_source(text: str, filename: str, *, params: Params | None = None,
             if diags:
                 raise CompileError(_dedupe(diags))
             return Module(_module_name(filename))
-        if model is not None:
-            if model not in seen:
-                diags.append(Diagnostic("error", f"no model named '{model}' in {filename}"
-                                        f"{suggest(model, list(seen))}", models[0].loc))
-                raise CompileError(diags)
-            chosen = seen[model]
-        elif len(seen) > 1:
-            diags.append(Diagnostic("error", f"{filename} has several models "
-                                    f"({', '.join(seen)}); choose one with --model NAME "
-                                    "(model= from Python)", models[1].loc))
-            raise CompileError(diags)
-        else:
-            chosen = models[0]
+        choice = _choose(models, seen, model, filename)
+        if isinstance(choice, Diagnostic):
+            raise CompileError([*diags, choice])
+        chosen = choice
         module = _elaborate_model(chosen, root, dict(params or {}), training, diags)
         called = referenced_ops(root, chosen.body)
         diags += check_uncalled(root, [op for op in checkable if id(op) not in called],
@@ -128,6 +119,48 @@ def compile_source(text: str, filename: str, *, params: Params | None = None,
             raise CompileError(_dedupe(diags))
         assert module is not None
         return module
+
+
+def _choose(models: Sequence[ast.ModelDef], seen: Mapping[str, ast.ModelDef],
+            model: str | None, filename: str) -> ast.ModelDef | Diagnostic:
+    """The model `model` names (the only one when None), or the error that says why none is
+    chosen: no model of that name, or several models and no name."""
+    if model is not None:
+        if model not in seen:
+            return Diagnostic("error", f"no model named '{model}' in {filename}"
+                              f"{suggest(model, list(seen))}", models[0].loc)
+        return seen[model]
+    if len(seen) > 1:
+        return Diagnostic("error", f"{filename} has several models ({', '.join(seen)}); "
+                          "choose one with --model NAME (model= from Python)", models[1].loc)
+    return models[0]
+
+
+def choose_model(path: str | Path, model: str | None = None) -> str:
+    """The name of the model `compile_file(path, model=model, require_model=True)` compiles,
+    found by parsing only (nothing is elaborated): what a command that compiles later, in
+    another process (`nfc bench`), checks first. Its errors are the compiler's: the file's
+    syntax errors, "nothing to compile", "no model named ...", "has several models ...".
+    """
+    filename = str(path)
+    text = _read(path)
+    with _stack_room():
+        loader = Loader([])
+        root = loader.load_root(text, filename)
+    if loader.diagnostics:
+        raise CompileError(loader.diagnostics)
+    models = root.program.models
+    if not models:
+        what = "no model (`nfc opt` checks a file of ops)" if root.ops else "no model and no op"
+        raise CompileError([Diagnostic("error", f"nothing to compile: '{filename}' defines "
+                                       f"{what}", Loc(filename, 1, 1))])
+    seen: dict[str, ast.ModelDef] = {}
+    for m in models:
+        seen.setdefault(m.name, m)
+    choice = _choose(models, seen, model, filename)
+    if isinstance(choice, Diagnostic):
+        raise CompileError([choice])
+    return choice.name
 
 
 def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:

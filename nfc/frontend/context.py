@@ -116,11 +116,28 @@ class Env:
                 return CompileTimeBinding(FLOAT_CONSTANTS[name])
         return b
 
+    def _is_function(self, name: str, loc: Loc) -> bool:
+        """Whether `name` is a builtin, an intrinsic or an op visible here."""
+        from nfc.frontend.builtins import BUILTINS
+        from nfc.frontend.scalars import INTRINSIC_ARITY
+
+        if name in BUILTINS or name in INTRINSIC_ARITY:
+            return True
+        try:
+            return self.scope.lookup_op(name, loc) is not None
+        except CompileError:
+            return False
+
     def unknown(self, name: str, loc: Loc, extra: list[str] | None = None,
                 what: str = "name") -> CompileError:
         """An 'unknown name' error with a suggestion; the name is poisoned afterwards."""
         if self.scope.incomplete or self.vars.get(name) is POISON:
             raise Poisoned  # an import failed, or the name was reported already
+        if what == "name" and self._is_function(name, loc):
+            self.vars[name] = POISON
+            return error(f"'{shorten(name)}' is a function, not a value: call it, "
+                         f"`{shorten(name)}(...)`; compile-time arguments go by name, "
+                         "`f<p = 2>(x)` (a bare `f<2>` reads as comparisons)", loc)
         cands = [*self.vars, "training", *FLOAT_CONSTANTS, *(extra or [])]
         self.vars[name] = POISON
         sugg = difflib.get_close_matches(name, cands, 1) if len(name) < 100 else []

@@ -265,6 +265,14 @@ class Lowering:
                 raise error(f"{sc.keep or 'expression'} nested more than {MAX_KEPT_DEPTH} "
                             "deep; split it into several statements", loc)
             return sv
+        return self.own_compute(sv, sc, loc)
+
+    def own_compute(self, sv: ScalarExpr, sc: Scope, loc: Loc,
+                    attrs: dict[str, object] | None = None) -> ScalarExpr:
+        """A load of a compute of its own holding `sv` (a strongly typed value), over the
+        enclosing indices it uses; the enclosing guards go with it (0 where they fail), so
+        that guarded accesses stay guarded. `attrs` are set on that compute."""
+        assert sv.ty.dtype is not None
         guard: Expr | None = None
         for g in sc.guards:
             guard = g if guard is None else Binary("and", guard, g)
@@ -277,9 +285,24 @@ class Lowering:
             expr = Select(guard, expr, zero)
         op = ComputeOp(TensorType(tuple(a.extent for a in dims), sv.ty.dtype), dims, expr,
                        loc=loc)
+        op.attrs.update(attrs or {})
         self.ctx.emit(op)
         self.ctx.check_bounds(op)
         return ScalarExpr(Load(op.result, tuple(Index(a.name) for a in dims)), sv.ty)
+
+    def stop_gradient(self, e: ast.Call, sc: Scope) -> ScalarExpr:
+        """`stop_gradient(v)` in an element expression: the value of `v`, computed by a
+        compute of its own (over the enclosing indices `v` uses, under the enclosing guards)
+        that carries `nf.stop_gradient`, so autodiff passes nothing back through it. A value
+        that cannot carry a gradient (an integer, a boolean, a constant, one that reads no
+        tensor) is itself."""
+        if e.targs:
+            raise error("'stop_gradient' takes no compile-time arguments", e.loc)
+        self.arity(e, 1)
+        sv = self.scalar(e.args[0], sc)
+        if sv.ty.kind != "float" or sv.ty.dtype is None or not _reads_tensor(sv.expr):
+            return sv
+        return self.own_compute(sv, sc, e.loc, {"nf.stop_gradient": True})
 
     def comparisons(self, e: ast.Compare, vals: list[ScalarExpr],
                     keep: Callable[[ScalarExpr], ScalarExpr]) -> ScalarExpr:
@@ -306,6 +329,8 @@ class Lowering:
         """Intrinsics and casts inside element expressions."""
         if e.targs and e.fn not in BUILTINS and self.env.scope.lookup_op(e.fn, e.fn_loc) is None:
             raise error(f"'{e.fn}' takes no compile-time arguments", e.loc)
+        if e.fn == "stop_gradient":
+            return self.stop_gradient(e, sc)
         if e.fn in scalars.INTRINSIC_ARITY:
             self.arity(e, scalars.INTRINSIC_ARITY[e.fn])
             return scalars.intrinsic(e.fn, [self.scalar(a, sc) for a in e.args], e.loc)
@@ -579,6 +604,17 @@ def _comparer(op: str, loc: Loc) -> Callable[[list[ScalarExpr]], ScalarExpr]:
 
 def _conjunction(loc: Loc) -> Callable[[list[ScalarExpr]], ScalarExpr]:
     return lambda v: scalars.logic("and", v[0], v[1], loc)
+
+
+def _reads_tensor(e: Expr) -> bool:
+    """Whether `e` loads from a tensor (else it has no gradient to stop)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Load):
+            return True
+        stack.extend(x.children())
+    return False
 
 
 def _same(sv: ScalarExpr) -> ScalarExpr:

@@ -126,6 +126,8 @@ def reshape_body(src: TensorExpr, shape: tuple[int, ...], loc: Loc) -> TensorExp
     elif known != total:
         raise error(f"cannot reshape [{', '.join(map(str, src.shape))}] ({total} elements) to "
                     f"[{', '.join(map(str, shape))}] ({known} elements)", loc)
+    if tuple(shape) == tuple(src.shape):
+        return src  # the same shape: the same tensor (no copy, no index arithmetic)
     linear: Expr = Const(0)
     stride = 1
     for k in reversed(range(len(shape))):

@@ -10,13 +10,16 @@
 # ---------------------------------------------------------------------------------------------
 # matrix products and broadcasting adds
 
-op matmul(a: T[N, K], b: T[K, M]) -> T[N, M] {
-  y[n, m] = sum(k) a[n, k] * b[k, m]
+# a @ b; a may have leading batch dimensions, which share the one matrix b (numpy's matmul
+# of a [..., N, K] stack and a [K, M] matrix)
+op matmul(a: T[..., N, K], b: T[K, M]) -> T[..., N, M] {
+  y[..., n, m] = sum(k) a[..., n, k] * b[k, m]
 }
 
-# batched matrix product over a leading batch axis
-op bmm(a: T[B, N, K], b: T[B, K, M]) -> T[B, N, M] {
-  y[i, n, m] = sum(k) a[i, n, k] * b[i, k, m]
+# batched matrix product over any number of leading batch dimensions, the same in a and b
+# (none: matmul)
+op bmm(a: T[..., N, K], b: T[..., K, M]) -> T[..., N, M] {
+  y[..., i, m] = sum(k) a[..., i, k] * b[..., k, m]
 }
 
 # x @ w + b over the last axis of x (any number of leading dimensions)
@@ -146,9 +149,16 @@ op log_softmax(x: T[..., C]) -> T[..., C] {
 # ---------------------------------------------------------------------------------------------
 # losses (scalars, mean over the batch)
 
-# mean over n of -log softmax(logits)[n, labels[n]]; caller guarantees 0 <= labels < C
-# (a label outside that range selects no class and contributes 0)
-op softmax_cross_entropy(logits: T[N, C], labels: Int[N]) -> T[] {
+# mean over every leading position of -log softmax(logits)[..., labels[...]]: logits [N, C]
+# with labels [N], [B, S, C] with [B, S] (a sequence), [C] with one label; caller guarantees
+# 0 <= labels < C (a label outside that range selects no class and contributes 0). The
+# positions are flattened row-major (a rank-2 call is softmax_cross_entropy_2d itself).
+op softmax_cross_entropy(logits: T[..., C], labels: Int[...]) -> T[] {
+  loss = softmax_cross_entropy_2d(reshape<[-1, C]>(logits), reshape<[-1]>(labels))
+}
+
+# mean over n of -log softmax(logits)[n, labels[n]]
+op softmax_cross_entropy_2d(logits: T[N, C], labels: Int[N]) -> T[] {
   lp = log_softmax(logits)
   loss[] = -(sum(n, c) (lp[n, c] if labels[n] == c else 0.0)) / N
 }
@@ -339,9 +349,16 @@ op capsule_length<eps: float = 1e-7>(x: T[..., D]) -> T[...] {
   y[...] = sqrt((sum(d) x[..., d] * x[..., d]) + eps)
 }
 
-# Margin loss over capsule lengths, mean over the batch:
+# Margin loss over capsule lengths, mean over every leading position (as
+# softmax_cross_entropy: lengths [N, K] with labels [N], [B, S, K] with [B, S], ...):
 #   T_k max(0, m_pos - |v_k|)^2 + lam (1 - T_k) max(0, |v_k| - m_neg)^2, T_k = (labels[n] == k)
 op margin_loss<m_pos: float = 0.9, m_neg: float = 0.1, lam: float = 0.5>(
+    lengths: T[..., K], labels: Int[...]) -> T[] {
+  loss = margin_loss_2d<m_pos = m_pos, m_neg = m_neg, lam = lam>(reshape<[-1, K]>(lengths),
+                                                               reshape<[-1]>(labels))
+}
+
+op margin_loss_2d<m_pos: float = 0.9, m_neg: float = 0.1, lam: float = 0.5>(
     lengths: T[N, K], labels: Int[N]) -> T[] {
   hi[n, k] = max(m_pos - lengths[n, k], 0.0)
   lo[n, k] = max(lengths[n, k] - m_neg, 0.0)

@@ -203,7 +203,7 @@ class Runner:
         spec = {"source": str(m.file), "settings": [f"{k}={v}" for k, v in params.items()],
                 "out": str(work / m.name), "seed": self.opts.seed,
                 "int_bounds": {k: list(v) for k, v in m.int_bounds.items()},
-                "use_cache": self.opts.quick, "profile": self.opts.profile,
+                "use_cache": self.opts.quick, "profile": self.opts.profile, "model": m.model,
                 **self.opts.pipeline_spec()}
         self.log(f"[{_mmss(time.monotonic() - self.start)}] {m.name}: compiling with nfc "
                  f"({', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults'})")

@@ -39,6 +39,8 @@ class BenchModel:
     Other integer inputs are class labels, bounded by the classes of the model's output."""
     note: str = ""
     """Why the benchmarked sizes differ from the defaults, if they do."""
+    model: str | None = None
+    """The model of a file that defines several (`--model`); None: the file's only model."""
 
     @property
     def file(self) -> Path:

@@ -6,8 +6,8 @@
 `compile` runs the front end and the build pipeline of `nfc compile` and `nfc train`
 (nfc.runtime.build.pipeline_for: im2col, autodiff, the cleanup, the tuned schedules of the
 tuning cache when it has some, fusion; the spec's `pipeline`, `im2col`, `tuned` and `fuse`
-edit it as the command-line flags do), builds the library (cold unless the spec allows the
-library cache), initialises
+edit it as the command-line flags do; its `model` chooses the model of a file that defines
+several), builds the library (cold unless the spec allows the library cache), initialises
 the model with the seed and writes the case file every framework starts from: the persistent
 tensors (`param:`, `state:`, `opt_state:` keys) and random inputs (`input:`; floats standard
 normal, integers uniform below their bound). `run` loads the library in a process that never
@@ -85,7 +85,7 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     params, opt = parse_settings(spec.get("settings", []))
     rec["pipeline"] = pipeline = case_pipeline(spec)
-    module, ctx = build_module(spec["source"], params, opt, pipeline)
+    module, ctx = build_module(spec["source"], params, opt, pipeline, model=spec.get("model"))
     if not module.has_func("train_step"):
         raise ValueError("the model has no train_step (it needs `minimize <loss> with ...`)")
     t_front = time.perf_counter() - t0

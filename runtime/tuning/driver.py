@@ -108,6 +108,10 @@ class TuneOptions:
     confirm: int = 2
     """Rounds of re-measuring a kernel's winner side by side with the default after its
     search (0: trust the search's single measurements); see `confirm_best`."""
+    measurer: Callable[[Task, MeasureOptions], Any] | None = None
+    """Makes the measurer of a kernel (a context manager called as `measure(schedule)`,
+    with `compare`); None: a local `Measurer`. `nfc tune --cluster` measures on dask
+    workers (nfc.runtime.distributed.dask_tune)."""
 
 
 def build_model(path: str | os.PathLike[str], settings: Sequence[str] = (),
@@ -116,7 +120,8 @@ def build_model(path: str | os.PathLike[str], settings: Sequence[str] = (),
     """The module whose kernels `nfc tune` measures: the model file through the build
     pipeline up to `apply-tuning` (nfc.runtime.build.tune_pipeline_for; `pipeline` replaces the
     build pipeline, as `-p`), so these are the kernels that pass then looks up. `settings` are
-    `k=v` items; `pass_manager` takes build_module's `verify`, `print_ir_after`, `timings`."""
+    `k=v` items; `pass_manager` takes build_module's `verify`, `print_ir_after`, `timings`,
+    `model` (the model of a file that defines several)."""
     from nfc.runtime.build import build_module, parse_settings, tune_pipeline_for
 
     params, opt = parse_settings(settings)
@@ -324,7 +329,8 @@ def tune_kernel(k: Kernel, cache: Any, category: Mapping[str, Any], options: Tun
         return tune(space, _no_measure, cache=cache, category=category, key=k.key,
                     desc=k.desc, config=config), Confirmation()
     task = Task(BUILDER, spec, reference=REFERENCE, seed=0)
-    with Measurer(task, checked_options(k, options.measure)) as measure:
+    make = options.measurer or Measurer
+    with make(task, checked_options(k, options.measure)) as measure:
         res = tune(space, measure, cache=cache, category=category, key=k.key, desc=k.desc,
                    config=config, progress=progress, clock=clock)
         confirmation = Confirmation()

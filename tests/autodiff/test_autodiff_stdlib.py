@@ -40,6 +40,7 @@ CASES: list[tuple[str, list[tuple[str, tuple[int, ...]]], dict]] = [
     ("softmax", [(F, (3, 5))], {}),
     ("log_softmax", [(F, (3, 5))], {}),
     ("softmax_cross_entropy", [(F, (4, 5)), (INT, (4,))], {}),
+    ("softmax_cross_entropy_2d", [(F, (4, 5)), (INT, (4,))], {}),
     ("mse", [(F, (3, 4)), (F, (3, 4))], {}),
     ("mse_1d", [(F, (5,)), (F, (5,))], {}),
     ("layer_norm", [(F, (3, 6)), (F, (6,)), (F, (6,))], {}),
@@ -75,6 +76,7 @@ CASES: list[tuple[str, list[tuple[str, tuple[int, ...]]], dict]] = [
     ("squash", [(F, (2, 3, 4))], {}),
     ("capsule_length", [(F, (2, 3, 4))], {}),
     ("margin_loss", [("len", (4, 3)), (INT, (4,))], {}),
+    ("margin_loss_2d", [("len", (4, 3)), (INT, (4,))], {}),
     ("lstm_cell", [(F, (2, 3)), (F, (2, 4)), (F, (2, 4)), (F, (7, 16)), (F, (16,))], {}),
 ]
 

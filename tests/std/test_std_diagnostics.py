@@ -33,7 +33,8 @@ BAD_USES = [
     ("channel_shuffle", [t(1, 5, 2, 2)], {"groups": 2}, INDIVISIBLE),  # 5 vs 2G
     ("slice2d_axis1", [t(2, 5)], {"start": 3, "size": 4}, "can reach 6"),  # column 6 of 5
     ("softmax_cross_entropy", [t(4, 3), t(4)], {}, "i32"),                 # float labels
-    ("softmax_cross_entropy", [t(4, 3), t(5, dtype=I32)], {}, "shape mismatch"),  # 4 vs 5
+    ("softmax_cross_entropy", [t(4, 3), t(5, dtype=I32)], {},
+     "leading dimensions of argument 2"),                                  # 4 vs 5
     ("max_pool2d", [t(1, 1, 4, 4)], {"stride": 1}, "size"),                # missing `size`
     ("lstm_cell", [t(2, 3), t(2, 4), t(2, 4), t(8, 16), t(16)], {}, "shape mismatch"),  # 8 vs 7
 ]

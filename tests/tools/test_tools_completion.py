@@ -99,3 +99,86 @@ def test_fish_completes(tmp_path: Path) -> None:
     assert complete("nfc compile --emit ") == sorted(_emit_choices())
     assert complete("nfc fmt --ch") == ["--check"]
     assert complete("nfc completion ") == ["bash", "fish", "zsh"]
+
+
+# ---- zsh, driven for real: an interactive zsh in a pseudo-terminal (zsh/zpty) gets TAB -------
+
+#: Sourced by the interactive zsh: compinit with the generated `_nfc` on $fpath, and TAB bound
+#: to a widget that runs completion with `compadd` replaced by one that prints every match
+#: between markers instead of inserting it.
+ZSH_HARNESS = r"""
+PROMPT='' RPROMPT='' PS2=''
+fpath=($NFC_COMP_DIR $fpath)
+autoload -U compinit && compinit -u -D
+zstyle ':completion:*' list-grouped false
+zstyle ':completion:*' insert-tab false
+compadd () {
+  if [[ ${@[1,(i)(-|--)]} == *-(O|A|D)\ * ]]; then
+    builtin compadd "$@"; return $?
+  fi
+  typeset -a __hits
+  builtin compadd -A __hits "$@"
+  local h
+  for h in $__hits; do print -r -- "<<M>>$h"; done
+}
+zle -C _capture_complete complete-word _main_complete
+_capture() { zle _capture_complete; print -r -- "<<DONE>>"; zle kill-whole-line; }
+zle -N _capture
+bindkey '^I' _capture
+"""
+
+#: Run by a non-interactive zsh: start the interactive one, type the words and a TAB, print
+#: the matches. $1 the folder of `_nfc`, $2 the harness, $3 the words typed.
+ZSH_DRIVER = r"""
+zmodload zsh/zpty || exit 3
+zpty z NFC_COMP_DIR=$1 zsh -f -i
+zpty -w z "source $2"
+zpty -w z "print -r -- '<<READ''Y>>'"
+local line
+while zpty -r z line; do [[ $line == *'<<READY>>'* ]] && break; done
+zpty -n -w z "$3"$'\t'
+while zpty -r z line; do
+  [[ $line == *'<<DONE>>'* ]] && break
+  [[ $line == *'<<M>>'* ]] && print -r -- "${line##*<<M>>}"
+done
+zpty -d z
+"""
+
+
+def _zsh_ready() -> str | None:
+    """Why zsh completion cannot be driven here (None: it can)."""
+    exe = shutil.which("zsh")
+    if exe is None:
+        return "zsh is not installed (apt-get install zsh): only the other shells are driven"
+    probe = subprocess.run([exe, "-f", "-c", "zmodload zsh/zpty"], capture_output=True,
+                           timeout=60)
+    if probe.returncode != 0:
+        return "this zsh has no zsh/zpty module to drive an interactive shell"
+    return None
+
+
+@pytest.mark.skipif(_zsh_ready() is not None, reason=str(_zsh_ready()))
+def test_zsh_completes(tmp_path: Path) -> None:
+    (tmp_path / "_nfc").write_text(script("zsh"))
+    (tmp_path / "harness.zsh").write_text(ZSH_HARNESS)
+    (tmp_path / "driver.zsh").write_text(ZSH_DRIVER)
+
+    def complete(words: str) -> list[str]:
+        out = subprocess.run(["zsh", "-f", str(tmp_path / "driver.zsh"), str(tmp_path),
+                              str(tmp_path / "harness.zsh"), words], capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path, check=True)
+        return [w.strip("\r") for w in out.stdout.split("\n") if w.strip("\r")]
+
+    assert complete("nfc ") == list(_subcommands())
+    assert complete("nfc fm") == ["fmt"]
+    assert complete("nfc compile --emit ") == _emit_choices()
+    assert complete("nfc completion ") == ["bash", "zsh", "fish"]
+    assert complete("nfc tune --mod") == ["--mode", "--model"]
+    # an option's value is skipped when finding where we are
+    assert complete("nfc compile -o x.so --emi") == ["--emit"]
+    cache = _subcommands()["cache"]
+    action = next(a for a in cache._actions if isinstance(a, argparse._SubParsersAction))
+    assert complete("nfc cache ") == list(action.choices)
+    # elsewhere: file names
+    (tmp_path / "model.nf").write_text("")
+    assert complete("nfc opt mod") == ["model.nf"]
