@@ -11,6 +11,7 @@ overheads stay out of the numbers. One thread unless said (the reward prices one
 | `elementwise_gflops` | `sigmoid(x)·tanh(x) + exp(x)`, 16 Ki elements | nfc.cost FLOPs / time |
 | `launch_us` | a one-element kernel, called back to back | time per call |
 | `region_us` | a 64-element kernel on threads minus the same kernel serial | time per call |
+| (`parallel_min_work`) | 4 x `region_us` over the time of one unit of `parallel_work` | units |
 | `cache_kib` | not timed: the L2 size the OS reports (`sysconf`) | |
 
 `measure()` returns the `DeviceParams`; `nfc.runtime.device_params` caches the raw timings in the
@@ -19,10 +20,11 @@ tuning cache, keyed by the CPU category, so they are measured once per machine.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,14 +168,62 @@ def bench_launch() -> Timing:
     return Timing("launch", {"elements": 1}, t)
 
 
+@contextlib.contextmanager
+def always_parallel() -> Iterator[None]:
+    """Emit every parallel loop as a parallel region, however little work it has and however
+    late its team-mates come (nfc.codegen.llvm.parallel's serial path below
+    `PARALLEL_MIN_WORK` and its back-off off): for measuring regions."""
+    from nfc.codegen.llvm import parallel
+
+    old = parallel.PARALLEL_MIN_WORK, parallel.BACKOFF
+    parallel.PARALLEL_MIN_WORK, parallel.BACKOFF = 0, False
+    try:
+        yield
+    finally:
+        parallel.PARALLEL_MIN_WORK, parallel.BACKOFF = old
+
+
 def bench_region(threads: int | None = None, calls: int = 20_000) -> Timing:
     """A 64-element kernel run on threads, minus the same kernel serial: the cost of starting
-    and joining a parallel region (`threads`: all cores when None)."""
+    and joining a parallel region (`threads`: all cores when None), with libgomp's idle
+    threads sleeping as nfc has them (nfc.codegen.jit._libgomp)."""
     op, ins = _tiny(64)
     n = threads or max(2, os.cpu_count() or 2)
-    par = _with_threads(n, lambda: _timed(op, Schedule(parallel=("i",)), ins, calls=calls))
+    with always_parallel():
+        par = _with_threads(n, lambda: _timed(op, Schedule(parallel=("i",)), ins, calls=calls))
     ser = _with_threads(1, lambda: _timed(op, Schedule(), ins, calls=calls))
     return Timing("region", {"elements": 64, "threads": n}, max(0.0, par - ser))
+
+
+def bench_work_unit(elements: int = 1 << 14) -> Timing:
+    """Seconds per unit of `parallel_work` (nfc.codegen.llvm.parallel's work estimate): the default
+    (vectorized, serial) code of a transcendental-heavy elementwise kernel in cache on one
+    thread, its time over its estimated work."""
+    from nfc.codegen.cpu import host_target
+    from nfc.codegen.jit import lower_kernel
+    from nfc.codegen.llvm.parallel import parallel_work
+    from nfc.ir import Call
+
+    a = _vec(elements, "a")
+    x = Load(a, (Index("i"),))
+    op = ComputeOp(TensorType((elements,), DType.F32), (Axis("i", elements),),
+                   Call("sigmoid", (x,)) * Call("tanh", (x,)) + x)
+    work = parallel_work(lower_kernel(op).loops.body, {}, host_target().lanes(DType.F32))
+    ins = [np.random.default_rng(0).random(elements, np.float32)]
+    t = _with_threads(1, lambda: _timed(op, None, ins, calls=200, clock=time.thread_time))
+    return Timing("work_unit", {"elements": elements, "work": work}, t / max(work, 1))
+
+
+def parallel_min_work(threads: int = 2, margin: float = 4.0) -> tuple[int, Timing, Timing]:
+    """The work below which a parallel loop should run serially on this machine: `margin`
+    times the region start-up cost (`bench_region`) in work units (`bench_work_unit`).
+    Two threads halve a loop's time T at best while the region costs R, so they pay from
+    T = 2R; the margin covers uneven chunks, cache effects and a loaded machine. Returns
+    (threshold, region timing, unit timing); nfc.codegen.llvm.parallel.PARALLEL_MIN_WORK is
+    this number measured once (docs/performance.md, "Threads")."""
+    region = bench_region(threads)
+    unit = bench_work_unit()
+    return int(margin * region.seconds / unit.seconds), region, unit
 
 
 def l2_kib() -> int:
@@ -205,7 +255,22 @@ def params_from(timings: dict[str, Timing], cache_kib: int | None = None) -> Dev
         launch_us=round(la.seconds * 1e6, 4) if la else d.launch_us,
         region_us=round(rg.seconds * 1e6, 3) if rg else d.region_us,
         cache_kib=cache_kib if cache_kib is not None else l2_kib(),
-        parallel_work=d.parallel_work)
+        parallel_work=d.parallel_work, parallel_min_work=_parallel_min_work(),
+        vector_lanes=_lanes())
+
+
+def _parallel_min_work() -> int:
+    """The emitter's threshold (nfc.codegen.llvm.parallel), the reward's mirror of it."""
+    from nfc.codegen.llvm import parallel
+
+    return int(getattr(parallel, "PARALLEL_MIN_WORK", DEFAULT_DEVICE.parallel_min_work))
+
+
+def _lanes() -> int:
+    """f32 lanes of this machine's vectors."""
+    from nfc.codegen.cpu import host_target
+
+    return int(host_target().lanes(DType.F32))
 
 
 def measure(names: tuple[str, ...] = tuple(BENCHMARKS)) -> tuple[DeviceParams, dict[str, Timing]]:

@@ -4,7 +4,8 @@
 `optimize(module)` parses and runs LLVM's O3 pipeline for the host; `compile_kernel(op)` does
 both and loads the code with MCJIT, returning a `JitKernel` callable on numpy arrays.
 Parallel loops call libgomp, which is loaded into the process once (`load_library_permanently`)
-so MCJIT resolves `GOMP_parallel`; `set_num_threads` sets its team size.
+so MCJIT resolves `GOMP_parallel`, with idle threads that sleep rather than spin (`_libgomp`);
+`set_num_threads` sets its team size.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from nfc.codegen.cpu import CpuTarget, _init_llvm, host_target, target_machine
 from nfc.codegen.loops import LoopFunc
 from nfc.codegen.lower import group_of, lower
 from nfc.codegen.schedule import GroupSchedule, Schedule
-from nfc.ir import ComputeOp, KernelOp, Value
+from nfc.ir import ComputeOp, DType, KernelOp, Value
 
 #: Op attribute holding a schedule dict (`Schedule.to_dict()` or space parameters); used when
 #: no schedule is passed explicitly.
@@ -160,14 +161,69 @@ def optimize(module: Any, target: CpuTarget | None = None, *,
     return ref
 
 
+#: The wait policy nfc gives libgomp's idle threads unless the user chose one (see `_libgomp`).
+WAIT_POLICY = "passive"
+#: How libgomp's wait policy was decided in this process (`openmp_wait_policy`).
+_policy: list[str] = []
+
+
+def _libgomp_loaded() -> bool:
+    """Whether some libgomp (`libgomp.so.1`, PyTorch's bundled copy too) is mapped already."""
+    try:
+        with open("/proc/self/maps") as fh:
+            return any(os.path.basename(line.split()[-1]).startswith("libgomp")
+                       for line in fh if "/" in line)
+    except OSError:  # pragma: no cover - not Linux
+        return False
+
+
 @functools.cache
 def _libgomp() -> ctypes.CDLL:
+    """libgomp, loaded once with idle threads that sleep.
+
+    libgomp reads `OMP_WAIT_POLICY` and `GOMP_SPINCOUNT` once, when it is loaded, and by
+    default lets an idle thread spin 300,000 times at every barrier and between regions. On a
+    machine whose cores are shared (another process, or a busy neighbour core) the spinning
+    thread takes the core its team-mate needs: a 16-step LLTM took 740 ms per step on 2
+    threads against 0.9 ms on 1 (issue 15). So unless the user set either variable, it is set
+    to `WAIT_POLICY` ("passive": sleep at once) while libgomp is loaded and initialises, and
+    restored afterwards (processes started later see their own environment). Every path that
+    runs nfc's native code loads libgomp through here first: the JIT (`compile_kernel`), the
+    artifact loader (nfc.runtime.loader.load, so `nfc run`, `nfc train`, `nfc bench` and
+    nfc.torch ops), and nfc.torch before it imports PyTorch (which brings its own copy of
+    `libgomp.so.1`, of the same name: whichever is loaded first serves both). A libgomp
+    already in the process keeps its policy (`openmp_wait_policy` says so); the serial path
+    of small parallel loops (nfc.codegen.llvm.emitter) limits what spinning can cost there."""
     import llvmlite.binding as llvm
 
     _init_llvm()
     name = ctypes.util.find_library("gomp") or "libgomp.so.1"
-    llvm.load_library_permanently(name)
-    return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    user = [k for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ]
+    if user:
+        _policy.append(", ".join(f"{k}={os.environ[k]} (user)" for k in user))
+    elif _libgomp_loaded():
+        _policy.append("libgomp's own (it was loaded before nfc)")
+    else:
+        os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+        _policy.append(f"OMP_WAIT_POLICY={WAIT_POLICY} (nfc)")
+    try:
+        llvm.load_library_permanently(name)
+        return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    finally:
+        if not user and _policy[-1].endswith("(nfc)"):
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+def load_openmp() -> None:
+    """Load libgomp with nfc's wait policy now (before a library that needs it is loaded)."""
+    _libgomp()
+
+
+def openmp_wait_policy() -> str:
+    """How the wait policy of libgomp's idle threads was decided in this process (it loads
+    libgomp if it is not loaded yet)."""
+    _libgomp()
+    return _policy[-1]
 
 
 def set_num_threads(n: int) -> None:
@@ -203,7 +259,7 @@ class JitKernel:
         arrays = list(outputs) + list(inputs)
         for arr, v in zip(arrays, [*self.info.outputs, *self.info.inputs], strict=True):
             assert arr.flags.c_contiguous and arr.shape == v.shape, (arr.shape, v.shape)
-            assert arr.dtype == v.dtype.numpy, (arr.dtype, v.dtype)
+            assert arr.dtype == memory_dtype(v.dtype), (arr.dtype, v.dtype)
         ptrs = [a.ctypes.data for a in arrays]
         if self._workspace is not None:
             ptrs.append(self._workspace.ctypes.data)
@@ -211,11 +267,21 @@ class JitKernel:
         self._fn(buf)
 
     def __call__(self, *inputs: np.ndarray) -> Any:
-        ins = [np.asarray(x, dtype=v.dtype.numpy, order="C")
+        ins = [np.asarray(x, dtype=memory_dtype(v.dtype), order="C")
                for x, v in zip(inputs, self.info.inputs, strict=True)]
-        outs = [np.empty(v.shape, v.dtype.numpy) for v in self.info.outputs]
+        outs = [np.empty(v.shape, memory_dtype(v.dtype)) for v in self.info.outputs]
         self.run(outs, ins)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def memory_dtype(dt: DType) -> np.dtype:
+    """The numpy dtype of a kernel's arrays of `dt`: as `DType.numpy`, except bf16, which
+    kernels store in 2 bytes: `ml_dtypes.bfloat16` (float32 inputs are rounded to it)."""
+    if dt is DType.BF16:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return dt.numpy
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray | None:

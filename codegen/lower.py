@@ -116,7 +116,11 @@ def schedule_view(op: ComputeOp, sched: Schedule) -> FlatContraction | None:
     names = {a.name for a in op.all_axes}
     named = {loop.partition(".")[0] for loop in sched.order} | {s.axis for s in sched.splits}
     if named <= names:
-        return None
+        # the same axes; a view that only drops dimensions indexed by a constant 0 (extent
+        # 1) is where the GEMM template's panel packs name their dimensions
+        view = flatten(op) if any(p.kind == "panel" for p in sched.pack) else None
+        return view if view is not None and named <= {a.name for a in view.op.all_axes} else (
+            None)
     view = flatten(op)
     if view is None or not named <= {a.name for a in view.op.all_axes}:
         raise ScheduleError(f"the schedule names unknown axes {sorted(named - names)}")

@@ -43,11 +43,16 @@ class Split:
 class Pack:
     """Repack operand number `operand` (in kernel operand order) before the main loop nest:
     its dimension `dim` is split into blocks of `factor` that move innermost, so
-    `B[K, N]` packed on dim 1 by 16 becomes `Bp[ceil(N/16), K, 16]` (zero-padded panels)."""
+    `B[K, N]` packed on dim 1 by 16 becomes `Bp[ceil(N/16), K, 16]` (zero-padded panels).
+    With `kind` "phase" the dimension is split into its `factor` phases instead (a polyphase
+    layout): `X[H, W]` on dim 1 by 2 becomes `Xp[H, 2, ceil(W/2)]`, `Xp[h, p, q] =
+    X[h, 2q + p]`, so a stride-2 read `X[h, 2j + e]` is `Xp[h, e % 2, j + e // 2]`,
+    contiguous in j."""
 
     operand: int
     dim: int
     factor: int
+    kind: str = "panel"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,13 @@ class Schedule:
     lives in registers when small (TVM's `cache_write`). None: at the first reduction loop."""
     pack: tuple[Pack, ...] = ()
     """Operands repacked into vector panels before the main nest."""
+    parallel_reduce: int = 0
+    """A reduction spread over threads (for a reduction that is the whole work: a sum to a
+    scalar or to a few outputs, where `parallel` finds no output loops to spread): one
+    reduction loop of the accumulator is cut into this many chunks, a parallel loop over
+    the chunks leaves a partial result per chunk in the workspace, and the partials are
+    combined in chunk order after it, so the result does not depend on the thread count
+    (nfc.codegen.lowering.reductions). 0: none. Excludes `parallel`."""
     version: str = SCHEDULE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,8 +93,10 @@ class Schedule:
             "order": list(self.order), "vectorize": self.vectorize,
             "unroll": list(self.unroll), "parallel": list(self.parallel),
             "cache_write": self.cache_write,
-            "pack": [{"operand": p.operand, "dim": p.dim, "factor": p.factor}
+            "pack": [{"operand": p.operand, "dim": p.dim, "factor": p.factor,
+                      **({"kind": p.kind} if p.kind != "panel" else {})}
                      for p in self.pack],
+            **({"parallel_reduce": self.parallel_reduce} if self.parallel_reduce else {}),
         }
 
     @staticmethod
@@ -95,8 +109,9 @@ class Schedule:
             order=tuple(d.get("order", [])), vectorize=d.get("vectorize"),
             unroll=tuple(d.get("unroll", [])), parallel=tuple(d.get("parallel", [])),
             cache_write=d.get("cache_write"),
-            pack=tuple(Pack(int(p["operand"]), int(p["dim"]), int(p["factor"]))
-                       for p in d.get("pack", [])),
+            pack=tuple(Pack(int(p["operand"]), int(p["dim"]), int(p["factor"]),
+                            str(p.get("kind", "panel"))) for p in d.get("pack", [])),
+            parallel_reduce=int(d.get("parallel_reduce", 0)),
             version=d.get("version", SCHEDULE_VERSION))
 
     def split_of(self, axis: str) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ Two templates:
   The schedule packs B into zero-padded panels of NR columns (and optionally A into panels of
   MR rows), blocks K by KC and M by MC for the caches, and runs an MR x NR register-blocked
   micro-kernel (broadcast A, vector loads of B, FMAs into MR*NR/W vector accumulators) with
-  the k loop unrolled.
+  the k loop unrolled (nfc.codegen.gemm_space, re-exported here).
 - `LoopSpace` for everything else: a vectorized axis (an output axis, or a reduction axis
   with per-lane partial results), a register tile of vectors and of a second output axis for
   reductions, an unrolled innermost reduction, and fused parallel outer loops.
@@ -15,7 +15,8 @@ Two templates:
 The tuner (nfc.runtime.tuning.search) searches `params`; `to_schedule(cfg)` gives the schedule.
 
 Checking schedules that come from outside (an `nf.schedule` attribute in IR text, a record of
-an imported tuning cache): `schedule_problem(op, value)` says why a value cannot be `op`'s
+an imported tuning cache; nfc.codegen.schedule_check, re-exported here):
+`schedule_problem(op, value)` says why a value cannot be `op`'s
 schedule, `template_problem(cfg)` why a parameter dict fits neither template when the kernel
 is unknown. Both accept what a machine with other vector registers may have chosen: the
 register limits and the vector widths of the host are the tuner's concern, not a reason to
@@ -25,16 +26,23 @@ refuse a schedule that lowers correctly on any target.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nfc.affine import to_affine
 from nfc.codegen.cpu import CpuTarget, host_target
+from nfc.codegen.gemm_space import (
+    GEMM_DEFAULTS,
+    GEMM_PARAMS,
+    GemmPattern,
+    GemmSpace,
+    match_gemm,
+)
+from nfc.codegen.lowering.reductions import parallel_chunks
+from nfc.codegen.lowering.stage import flat_index
 from nfc.codegen.schedule import SCHEDULE_VERSION, Pack, Schedule, Split
-from nfc.contraction import flatten, match_contraction, plain_names
-from nfc.ir import Binary, ComputeOp, Const, Expr, Func, Index, KernelOp, Load, Op, index_names
+from nfc.contraction import flatten
+from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, index_names
 
 #: Below this many multiply-adds a kernel runs on one thread (GOMP start-up costs ~ 2-5 us).
 PARALLEL_WORK = 1 << 16
@@ -47,16 +55,6 @@ SMALL_GEMM_WORK = 1 << 18
 #: The op attribute holding a schedule recorded in IR (nfc.codegen.jit.SCHEDULE_ATTR).
 SCHEDULE_ATTR = "nf.schedule"
 
-#: The GEMM template's parameters and candidate values (the same on every target).
-GEMM_PARAMS: dict[str, tuple[int, ...]] = {
-    "mr": (1, 2, 3, 4, 5, 6, 8, 10, 12, 14),
-    "nv": (1, 2, 3, 4),
-    "mc_tiles": tuple(range(1, 49)),
-    "kc": tuple(range(16, 513, 16)),
-    "ku": (1, 2, 4, 8),
-    "pack_a": (0, 1),
-    "parallel": (0, 1),
-}
 #: The loop template's parameters whose candidate values do not depend on the kernel or the
 #: target (`vec_axis`, `tile_axis` and `vec` do).
 LOOP_FIXED_PARAMS: dict[str, tuple[int, ...]] = {
@@ -76,122 +74,45 @@ ANY_VEC = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_VECTOR_REGISTERS = 32
 
 
-@dataclass(frozen=True)
-class GemmPattern:
-    """Roles of the axes and operands of a GEMM-like compute."""
-
-    i: str
-    j: str
-    k: str
-    batch: tuple[str, ...]
-    a: int
-    """Operand number (in `op.operands`) of the load indexed by i and k."""
-    b: int
-    """Operand number of the load indexed by k and j."""
-    a_dim: int
-    """Dimension of A indexed by i."""
-    b_dim: int
-    """Dimension of B indexed by j."""
-    kouter: tuple[str, ...] = ()
-    """Reduction axes looped outside the GEMM (C accumulates over them)."""
-
-
-def match_gemm(op: ComputeOp) -> GemmPattern | None:
-    """The GEMM roles of `op`, or None when it is not `sum_k A[.., i, .., k] * B[.., k, .., j]`
-    with single axes i, j, k (nfc.contraction: other output axes are batch loops, other
-    reduction axes outer reduction loops). A contraction over runs of axes (a convolution over
-    gathered columns) is matched on its flattened view (nfc.contraction.flatten)."""
-    c = match_contraction(op)
-    if c is None or not c.is_gemm:
+def _strip_residue(e: Expr, a: str, stride: int) -> Expr:
+    """`e` with `x // stride` replaced by `x` and `x % stride` by 0 where `x` is affine in `a`
+    (the reads of axis `a // stride` once `a` is split by the stride)."""
+    def strip(x: Expr) -> Expr | None:
+        if (isinstance(x, Binary) and x.op in ("//", "%") and isinstance(x.b, Const)
+                and not x.b.is_float and int(x.b.value) == stride and a in index_names(x.a)):
+            return x.a if x.op == "//" else Const(0)
         return None
-    operands = op.operands
-    a = next(n for n, v in enumerate(operands) if v is c.a.tensor)
-    b = next(n for n, v in enumerate(operands) if v is c.b.tensor)
-    na, nb = plain_names(c.a), plain_names(c.b)
-    assert na is not None and nb is not None
-    return GemmPattern(c.i[0], c.j[0], c.k[0], c.batch, a, b, na.index(c.i[0]),
-                       nb.index(c.j[0]), c.kouter)
+
+    return e.map(strip)
 
 
-def _ceil_to(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-class GemmSpace:
-    """The schedule space of a GEMM-like compute (see the module docstring)."""
-
-    kind = "gemm"
-
-    def __init__(self, op: ComputeOp, pattern: GemmPattern, target: CpuTarget | None = None):
-        self.op, self.p = op, pattern
-        self.target = target or host_target()
-        ext = {a.name: a.extent for a in op.all_axes}
-        self.m, self.n, self.kk = ext[pattern.i], ext[pattern.j], ext[pattern.k]
-        self.w = self.target.lanes(op.result.dtype)
-        self.params: dict[str, list[Any]] = {k: list(v) for k, v in GEMM_PARAMS.items()}
-
-    def default(self) -> dict[str, Any]:
-        """The heuristic: 6x16 (AVX2) or 12x32 (AVX-512) micro-kernel, MC x KC of A in L2."""
-        regs = self.target.vector_registers
-        mr, nv = (12, 2) if regs >= 32 else (6, 2)
-        while nv > 1 and (nv - 1) * self.w >= self.n:
-            nv -= 1
-        mr = min(mr, max(1, self.m))
-        if mr not in self.params["mr"]:
-            mr = max(x for x in self.params["mr"] if x <= mr)
-        # K blocks of at most 256, balanced (784 -> 4 x 196, rounded up to 208)
-        kc = min(512, _ceil_to(-(-self.kk // -(-self.kk // 256)), 16))
-        work = self.m * self.n * self.kk
-        parallel = work >= PARALLEL_WORK and self.m > mr
-        # M blocks of at most 24 micro-tiles (A block of MC x KC in L2), balanced, and an even
-        # number of them when parallel so two threads get the same work
-        tiles = -(-self.m // mr)
-        blocks = -(-tiles // 24)
-        if parallel and tiles >= 2:
-            blocks = max(2, blocks + blocks % 2)
-        mc_tiles = min(48, -(-tiles // blocks))
-        ku = next(x for x in (4, 2, 1) if self.kk % x == 0)
-        return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku,
-                "pack_a": 1 if self.m >= 2 * mr and self.kk >= 64 else 0,
-                "parallel": 1 if parallel else 0}
-
-    def is_valid(self, cfg: dict[str, Any]) -> bool:
-        """Registers suffice (accumulators + B vectors + a broadcast) and KC is a multiple
-        of the k unroll."""
-        try:
-            mr, nv, ku, kc = int(cfg["mr"]), int(cfg["nv"]), int(cfg["ku"]), int(cfg["kc"])
-            mct = int(cfg["mc_tiles"])
-        except (KeyError, TypeError, ValueError):
-            return False
-        if any(cfg.get(k) not in v for k, v in self.params.items()):
-            return False
-        if mr * nv + nv + 1 > self.target.vector_registers:
-            return False
-        return kc % ku == 0 and mct >= 1  # gemm_rule_problem, for values of the space
-
-    def to_schedule(self, cfg: dict[str, Any]) -> Schedule:
-        """The schedule of a parameter dict."""
-        p = self.p
-        mr, nv, kc, ku = int(cfg["mr"]), int(cfg["nv"]), int(cfg["kc"]), int(cfg["ku"])
-        mc = mr * int(cfg["mc_tiles"])
-        nr = nv * self.w
-        splits = [Split(p.i, (mc, mr)), Split(p.j, (nr, self.w) if nv > 1 else (self.w,)),
-                  Split(p.k, (kc, ku))]
-        jl = [f"{p.j}.0", f"{p.j}.1", f"{p.j}.2"] if nv > 1 else [f"{p.j}.0", f"{p.j}.1"]
-        # outer reduction axes run inside the micro-tile, around its k loop: the accumulator
-        # tile stays in registers over all of them (a short K per GEMM, as in a convolution's
-        # input gradient over [p, d] capsule axes, would otherwise reload C for each)
-        order = [*p.batch, f"{p.i}.0", f"{p.k}.0", jl[0], f"{p.i}.1", *p.kouter, f"{p.k}.1",
-                 f"{p.k}.2", f"{p.i}.2", *jl[1:]]
-        unroll = [f"{p.k}.2", f"{p.i}.2", *jl[1:-1]]
-        par = [*p.batch, f"{p.i}.0"] if cfg.get("parallel") else []
-        packs = [Pack(p.b, p.b_dim, nr)]
-        if cfg.get("pack_a"):
-            packs.append(Pack(p.a, p.a_dim, mr))
-        return Schedule(splits=tuple(splits), order=tuple(order), vectorize=jl[-1],
-                        unroll=tuple(unroll), parallel=tuple(par),
-                        cache_write=p.kouter[0] if p.kouter else f"{p.k}.1",
-                        pack=tuple(packs))
+def phase_packs(op: ComputeOp, axis: str) -> tuple[Pack, ...]:
+    """Phase packs (`Pack.kind` "phase") for the operands that the vectorized `axis` reads
+    with a stride: a dimension indexed `S*axis + e` (S > 1, `e` free of `axis`, which indexes
+    no other dimension of the load) is split into its S phases, so the lanes read unit-stride
+    (a stride-2 depthwise convolution and its weight gradient: gathers otherwise). Only for
+    operands the nest reads at least twice per element on average: the copy costs one read
+    and one write of the operand (a 1 x 1 stride-2 gather reads a quarter of its input once:
+    4x slower with the copy)."""
+    if not axis:
+        return ()
+    reads = math.prod(a.extent for a in op.all_axes)
+    found: dict[tuple[int, int], int] = {}
+    for ld in op.body.walk():
+        if not isinstance(ld, Load):
+            continue
+        uses = [d for d, ix in enumerate(ld.indices) if axis in index_names(ix)]
+        if len(uses) != 1:
+            continue
+        form = to_affine(ld.indices[uses[0]])
+        stride = form.coeff(axis) if form is not None else 0
+        if isinstance(stride, int) and stride > 1 and reads >= 2 * math.prod(
+                ld.tensor.type.shape):
+            n = next(k for k, v in enumerate(op.operands) if v is ld.tensor)
+            key = (n, uses[0])
+            if found.setdefault(key, stride) != stride:
+                found[key] = 0  # read with two strides: no single phase layout
+    return tuple(Pack(n, d, s, "phase") for (n, d), s in sorted(found.items()) if s > 1)
 
 
 class LoopSpace:
@@ -220,19 +141,26 @@ class LoopSpace:
 
     def _score(self, a: str) -> float:
         """How well vectorizing `a` suits the memory accesses: loads and the store that
-        are contiguous in `a` (last index exactly `a`), weighted, scaled by extent."""
+        are contiguous in `a` (last index exactly `a`), weighted, scaled by extent. An axis
+        read only through `a // S` and `a % S` (`_residue_stride`) is scored on the reads
+        of its split, `a // S` vectorized: a stride-S window's gradient reads contiguously."""
         s = 0.0
         if a in self.dims and self.dims[-1] == a:
             s += 1
-        for ld in self.op.body.walk():
+        body = self.op.body
+        if a in self.dims and (stride := self._residue_stride(a)) > 1:
+            body = _strip_residue(body, a, stride)
+        for ld in body.walk():
             if isinstance(ld, Load) and ld.indices:
-                last = ld.indices[-1]
+                flat = flat_index(ld.indices, ld.tensor.shape)  # through a flattening reshape
+                indices = ld.indices if flat is None else (flat,)
+                last = indices[-1]
                 if isinstance(last, Index) and last.name == a:
                     s += 2
                 elif a in index_names(last) and not any(
-                        a in index_names(x) for x in ld.indices[:-1]):
+                        a in index_names(x) for x in indices[:-1]):
                     s += 1.5
-                elif any(a in index_names(x) for x in ld.indices):
+                elif any(a in index_names(x) for x in indices):
                     s -= 1  # a strided access would become a gather
         w = self.target.lanes(self.op.result.dtype)
         return s * min(1.0, self.ext[a] / w)
@@ -250,12 +178,19 @@ class LoopSpace:
                 vec //= 2
             if vec not in self.params["vec"]:
                 vec = max(x for x in self.params["vec"] if x <= vec)
+            if best in self.raxes and self.ext[best] >= 8 * w and 2 * w in self.params["vec"]:
+                vec = 2 * w  # a long rfactor: two vectors of partial sums, two add chains
         cfg: dict[str, Any] = {"vec_axis": best if vec > 1 else "", "vec": vec if best else 1,
                                "nvec": 1, "vec_split": 1, "tile_axis": "", "tile": 1,
                                "kunroll": 1, "parallel": 0}
         stride = self._residue_stride(best) if best in self.dims and vec > 1 else 1
         if stride > 1:
             cfg["vec_split"] = stride
+            # the lanes run over `best // stride`: no wider than its extent
+            quot = -(-self.ext[best] // stride)
+            while vec > 1 and vec // 2 >= quot and vec // 2 in self.params["vec"]:
+                vec //= 2
+            cfg["vec"] = vec
             return self._finish(cfg)
         if self.raxes and best in self.dims:
             if self.ext[best] >= 2 * vec:
@@ -278,14 +213,31 @@ class LoopSpace:
                 want = 8 if cfg["nvec"] == 1 else 4  # about 8 vector accumulators
                 cfg["tile"] = next((x for x in (want, 6, 4, 3, 2)
                                     if x <= want and self.ext[t] % x == 0), min(want, 4))
+        elif best in self.raxes and vec > 1:
+            # a vectorized reduction (a depthwise convolution's weight gradient): a short
+            # output axis tiled whole gives independent accumulator chains and reuses the
+            # loads that do not depend on it (MobileNet's 3 x 3 ones 1.2-1.4x faster)
+            others = [a for a in self.dims if self.ext[a] in self.params["tile"][1:]]
+            gain = {a: sum(1 for ld in self.op.body.walk()
+                           if isinstance(ld, Load) and a not in index_names(ld))
+                    for a in others}
+            if gain and max(gain.values()) > 0:
+                t = max(others, key=lambda a: (gain[a], self.ext[a]))
+                cfg["tile_axis"], cfg["tile"] = t, self.ext[t]
         return self._finish(cfg)
 
     def _finish(self, cfg: dict[str, Any]) -> dict[str, Any]:
         red = math.prod(self.ext[a] for a in self.raxes)
         out = math.prod(self.ext[a] for a in self.dims)
         par_ext = self._parallel_extent(cfg)
-        cfg["parallel"] = 1 if out * red >= PARALLEL_WORK and par_ext > 1 else 0
+        cfg["parallel"] = 1 if out * red >= PARALLEL_WORK and (
+            par_ext > 1 or self._chunks(cfg)) else 0
         return cfg
+
+    def _chunks(self, cfg: Mapping[str, Any]) -> int:
+        """`Schedule.parallel_reduce` when `parallel` spreads the reduction over threads."""
+        return parallel_chunks(self._parallel_extent(cfg), math.prod(self.ext.values())) if (
+            self.raxes) else 0
 
     def _residue_stride(self, a: str) -> int:
         """S > 1 when the loads (and guards) read axis `a` only through `a // S` and `a % S`
@@ -327,8 +279,8 @@ class LoopSpace:
         regs = cfg["tile"] * min(nv, 4) * max(1, cfg["vec"] // w)
         return regs <= self.target.vector_registers - 2
 
-    def _parallel_extent(self, cfg: dict[str, Any]) -> int:
-        sched = self.to_schedule({**cfg, "parallel": 1})
+    def _parallel_extent(self, cfg: Mapping[str, Any]) -> int:
+        sched = self.to_schedule({**cfg, "parallel": 1}, reduce_in_parallel=False)
         if not sched.parallel:
             return 1
         ext = 1
@@ -338,8 +290,10 @@ class LoopSpace:
             ext *= -(-self.ext[name] // sizes[0]) if sizes and lvl == "0" else self.ext[name]
         return ext
 
-    def to_schedule(self, cfg: dict[str, Any]) -> Schedule:
-        """The schedule of a parameter dict."""
+    def to_schedule(self, cfg: Mapping[str, Any], *, reduce_in_parallel: bool = True
+                    ) -> Schedule:
+        """The schedule of a parameter dict. `parallel` spreads the output loops over threads,
+        or the reduction when that is the whole work (`_chunks`)."""
         va, vw, nv = cfg.get("vec_axis") or "", int(cfg.get("vec", 1)), int(cfg.get("nvec", 1))
         ta, tile = cfg.get("tile_axis") or "", int(cfg.get("tile", 1))
         vs = int(cfg.get("vec_split", 1))
@@ -402,9 +356,12 @@ class LoopSpace:
                     self.ext[name])
                 if total >= 64:
                     break
+        chunks = self._chunks(cfg) if cfg.get("parallel") and reduce_in_parallel else 0
+        par = [] if chunks else par
         return Schedule(splits=tuple(splits), order=tuple(order), vectorize=vec_loop,
                         unroll=tuple(unroll), parallel=tuple(par),
-                        cache_write=red[0] if red else None)
+                        cache_write=red[0] if red else None, parallel_reduce=chunks,
+                        pack=phase_packs(self.op, va if vw > 1 and vs == 1 else ""))
 
 
 def schedule_space(op: ComputeOp, target: CpuTarget | None = None) -> GemmSpace | LoopSpace:
@@ -469,126 +426,14 @@ def gemm_rule_problem(cfg: Mapping[str, Any], registers: int = MAX_VECTOR_REGIST
     return ""
 
 
-def _domain_problem(cfg: Mapping[str, Any], domains: Mapping[str, Any]) -> str:
-    """Missing or unknown parameter names, values out of their candidate lists."""
-    missing = sorted(set(domains) - set(cfg))
-    unknown = sorted(set(cfg) - set(domains))
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(f"'{k}'" for k in missing))
-        if unknown:
-            parts.append("unknown " + ", ".join(f"'{k}'" for k in unknown))
-        return "parameters " + "; ".join(parts)
-    for k, allowed in domains.items():
-        v = cfg[k]
-        if isinstance(v, bool) or v not in allowed or type(v) is not type(allowed[0]):
-            shown = ", ".join(repr(x) for x in allowed[:12]) + (", ..." if len(allowed) > 12
-                                                                 else "")
-            return f"'{k}' = {v!r} is not one of {shown}"
-    return ""
+# the checks of schedules from outside live in nfc.codegen.schedule_check (re-exported here)
+from nfc.codegen.schedule_check import (  # noqa: E402
+    check_schedule_attrs,
+    schedule_problem,
+    template_problem,
+)
 
-
-_POSITIONAL_AXIS = re.compile(r"[dr](0|[1-9][0-9]{0,2})")
-
-
-def template_problem(cfg: Mapping[str, Any]) -> str:
-    """Why `cfg`, a schedule recorded for a canonical kernel (axes `d0`, `r0`, ...; see
-    nfc.runtime.tuning.kernels) of an unknown kind, is a parameter dict of neither template,
-    or breaks a rule that holds on every target; empty when it could be a schedule."""
-    if "mr" in cfg or set(cfg) <= set(GEMM_PARAMS):
-        why = _domain_problem(cfg, GEMM_PARAMS)
-        return (f"as a gemm schedule: {why}" if why else
-                ("as a gemm schedule: " + w if (w := gemm_rule_problem(cfg)) else ""))
-    def axis(v: Any) -> bool:
-        return isinstance(v, str) and (v == "" or _POSITIONAL_AXIS.fullmatch(v) is not None)
-    domains: dict[str, Any] = {**LOOP_FIXED_PARAMS, "vec": ANY_VEC}
-    why = _domain_problem({k: v for k, v in cfg.items() if k not in ("vec_axis", "tile_axis")},
-                          domains)
-    if not why:
-        for k in ("vec_axis", "tile_axis"):
-            if k not in cfg:
-                why = f"parameters missing '{k}'"
-            elif not axis(cfg[k]):
-                why = f"'{k}' = {cfg[k]!r} is not an axis of a canonical kernel (d0, r0, ...)"
-            if why:
-                break
-    if not why and cfg["tile_axis"].startswith("r"):
-        why = "'tile_axis' must be an output axis (d0, d1, ...)"
-    if not why:
-        why = loop_rule_problem(cfg, lambda a: a.startswith("d"),
-                                True if cfg["vec_axis"].startswith("r") else None)
-    return f"as a loop schedule: {why}" if why else ""
-
-
-def schedule_problem(op: Op, value: Any, target: CpuTarget | None = None) -> str:
-    """Why `value`, an `nf.schedule` attribute, cannot be the schedule of `op`; empty when it
-    can. A compute takes its space's parameter dict (every parameter, each value one of the
-    template's, the axes its own) or a `Schedule.to_dict()` form; an `nf.kernel` a
-    `GroupSchedule.to_dict()` form; explicit forms must lower."""
-    from nfc.codegen.lower import ScheduleError, lower
-    from nfc.codegen.schedule import schedule_from_dict
-
-    if not isinstance(value, dict):
-        return f"a schedule is a dictionary of parameters, not {type(value).__name__}"
-    if not isinstance(op, ComputeOp | KernelOp):
-        return f"'{op.opname}' has no schedule"
-    if "version" in value or "kind" in value:
-        kind = value.get("kind", "compute")
-        want = "compute" if isinstance(op, ComputeOp) else "group"
-        if kind != want:
-            return f"a schedule of kind '{kind}' given to a {want} op (want kind '{want}')"
-        try:
-            sched = schedule_from_dict(value)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            return f"malformed {kind} schedule: {err}"
-        try:
-            lower(op, sched)
-        except ScheduleError as err:
-            return str(err)
-        except (KeyError, TypeError, IndexError, ValueError) as err:
-            # a hand-written schedule may break lowering's assumptions in other ways
-            return f"the schedule does not fit this op ({type(err).__name__}: {err})"
-        return ""
-    if not isinstance(op, ComputeOp):
-        return "an nf.kernel needs a group schedule (kind 'group'), not space parameters"
-    space = schedule_space(op, target)
-    domains: dict[str, Any] = dict(space.params)
-    if isinstance(space, LoopSpace):
-        domains["vec"] = ANY_VEC  # another target's vector width lowers all the same
-    why = _domain_problem(value, {k: tuple(v) for k, v in domains.items()})
-    if not why:
-        if isinstance(space, GemmSpace):
-            why = gemm_rule_problem(value)
-        else:
-            why = loop_rule_problem(value, lambda a: a in space.dims, bool(space.raxes))
-    return f"not a schedule of this op's {space.kind} space: {why}" if why else ""
-
-
-def check_schedule_attrs(funcs: Iterable[Func], target: CpuTarget | None = None) -> None:
-    """Raise CompileError with one located diagnostic per op of `funcs` (computes inside
-    `nf.kernel` ops included) whose `nf.schedule` attribute `schedule_problem` refuses."""
-    from nfc.diagnostics import CompileError, Diagnostic
-
-    found: list[Diagnostic] = []
-    for f in funcs:
-        for op in f.body.ops:
-            inner = op.body.ops if isinstance(op, KernelOp) else []
-            for o in (op, *inner):
-                if SCHEDULE_ATTR in o.attrs:
-                    why = schedule_problem(o, o.attrs[SCHEDULE_ATTR], target)
-                    if why:
-                        # IR without `loc(...)` has no op location: name the op as well
-                        names = ", ".join(f"%{v.name}" for v in o.results if v.name)
-                        what = f"{names} ({o.opname} in @{f.name})" if names else o.opname
-                        found.append(Diagnostic(
-                            "error", f"invalid '{SCHEDULE_ATTR}' of {what}: {why}",
-                            o.loc or f.loc))
-    if found:
-        raise CompileError(found)
-
-
-__all__ = ["ANY_VEC", "GEMM_PARAMS", "LOOP_FIXED_PARAMS", "SCHEDULE_VERSION", "GemmPattern",
-           "GemmSpace", "LoopSpace", "check_schedule_attrs", "default_schedule",
+__all__ = ["ANY_VEC", "GEMM_DEFAULTS", "GEMM_PARAMS", "LOOP_FIXED_PARAMS", "SCHEDULE_VERSION",
+           "GemmPattern", "GemmSpace", "LoopSpace", "check_schedule_attrs", "default_schedule",
            "gemm_rule_problem", "loop_rule_problem", "match_gemm", "schedule_problem",
            "schedule_space", "template_problem"]

@@ -1,8 +1,11 @@
 """Contractions: computes `out[..] = sum A[..] * B[..]` over plain loads, seen as batched GEMMs.
 
 A compute is a *contraction* when its body is the product of two loads of distinct tensors,
-each indexed by distinct axes only (`A[n, o, y, x]`, no arithmetic), and every reduction axis
-indexes both. Its axes then fall into roles:
+each indexed by distinct axes only (`A[n, o, y, x]`, no arithmetic; a dimension of extent 1
+may be indexed by the constant 0, as canonicalization leaves a 1 x 1 convolution's window
+axes: such a dimension is dropped from the view, `squeezed`; a load of an f16/bf16 tensor
+may be widened by a cast, `f32(%a16[i, k])`, as nfc.passes.precision writes mixed-precision
+products: `widened_load`), and every reduction axis indexes both. Its axes then fall into roles:
 
 - `j`: the trailing run of output axes that only B indexes (B is the operand holding the
   output's last axis), adjacent and in the same order in B;
@@ -24,10 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nfc.ir import Axis, Binary, ComputeOp, Expr, Index, Load, TensorType, Value
+from nfc.ir import Axis, Binary, Cast, ComputeOp, Const, DType, Expr, Index, Load, TensorType, Value
 
 __all__ = ["Contraction", "FlatContraction", "flatten", "longest_run", "match_contraction",
-           "plain_names"]
+           "plain_names", "widened_load"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,14 @@ class Contraction:
     k: tuple[str, ...]
     kouter: tuple[str, ...]
     batch: tuple[str, ...]
+    squeezed: bool = False
+    """Whether a load indexes a dimension of extent 1 by the constant 0 (the view drops it)."""
 
     @property
     def is_gemm(self) -> bool:
-        """Whether every role is a single axis already (no view needed)."""
-        return len(self.i) == len(self.j) == len(self.k) == 1
+        """Whether every role is a single axis already and no dimension is squeezed (no view
+        needed)."""
+        return len(self.i) == len(self.j) == len(self.k) == 1 and not self.squeezed
 
 
 def plain_names(e: Expr) -> list[str] | None:
@@ -54,6 +60,33 @@ def plain_names(e: Expr) -> list[str] | None:
         return None
     names = [x.name for x in e.indices if isinstance(x, Index)]
     return names if len(set(names)) == len(names) else None
+
+
+def _squeeze_names(e: Expr) -> tuple[list[str], bool] | None:
+    """The axis names of a load indexed by distinct plain axes, where dimensions of extent 1
+    may be indexed by the constant 0 (skipped), and whether any was; else None."""
+    if not isinstance(e, Load):
+        return None
+    names: list[str] = []
+    squeezed = False
+    for x, n in zip(e.indices, e.tensor.type.shape, strict=True):
+        if isinstance(x, Index):
+            names.append(x.name)
+        elif isinstance(x, Const) and not x.is_float and x.value == 0 and n == 1:
+            squeezed = True
+        else:
+            return None
+    return (names, squeezed) if len(set(names)) == len(names) else None
+
+
+def widened_load(e: Expr) -> Expr:
+    """The load of a 16-bit float tensor widened by a cast (`cast<f32>(%a16[i, k])`, the
+    operands nfc.passes.precision gives a contraction: f32 accumulation of f16/bf16 data),
+    else `e` itself. A contraction's loads may be wrapped so."""
+    if (isinstance(e, Cast) and isinstance(e.x, Load) and e.dtype in (DType.F32, DType.F64)
+            and e.x.tensor.dtype in (DType.F16, DType.BF16)):
+        return e.x
+    return e
 
 
 def _runs(seq: list[str], ok: set[str], other: list[str] | None) -> list[tuple[str, ...]]:
@@ -91,10 +124,11 @@ def match_contraction(op: ComputeOp) -> Contraction | None:
     body = op.body
     if not (isinstance(body, Binary) and body.op == "*"):
         return None
-    na, nb = plain_names(body.a), plain_names(body.b)
-    if na is None or nb is None:
+    la, lb = widened_load(body.a), widened_load(body.b)
+    sqa, sqb = _squeeze_names(la), _squeeze_names(lb)
+    if sqa is None or sqb is None:
         return None
-    la, lb = body.a, body.b
+    (na, qa), (nb, qb) = sqa, sqb
     assert isinstance(la, Load) and isinstance(lb, Load)
     if la.tensor is lb.tensor:
         return None
@@ -123,7 +157,7 @@ def match_contraction(op: ComputeOp) -> Contraction | None:
     assert k
     kouter = tuple(r for r in red if r not in k)
     batch = tuple(d for d in dims if d not in i and d not in j)
-    return Contraction(la, lb, i, tuple(j), k, kouter, batch)
+    return Contraction(la, lb, i, tuple(j), k, kouter, batch, qa or qb)
 
 
 @dataclass(frozen=True)
@@ -176,7 +210,9 @@ def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | No
         return out
 
     def view(ld: Load) -> Load:
-        idx = merge([x.name for x in ld.indices if isinstance(x, Index)])
+        sq = _squeeze_names(ld)
+        assert sq is not None
+        idx = merge(sq[0])
         v = ld.tensor
         fv = Value(TensorType(tuple(ext[n] for n in idx), v.dtype), v.name)
         return Load(fv, tuple(Index(n) for n in idx))
@@ -184,7 +220,13 @@ def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | No
     fa, fb = view(c.a), view(c.b)
     body = op.body
     assert isinstance(body, Binary)
-    new_body = Binary("*", fa, fb) if body.a is c.a else Binary("*", fb, fa)
+    def wrap(orig: Expr, flat: Load) -> Expr:  # keep a widening cast around its load
+        return Cast(orig.dtype, flat) if isinstance(orig, Cast) else flat
+
+    if widened_load(body.a) is c.a:
+        new_body = Binary("*", wrap(body.a, fa), wrap(body.b, fb))
+    else:
+        new_body = Binary("*", wrap(body.a, fb), wrap(body.b, fa))
     dims = merge([a.name for a in op.dims])
     red = [*c.kouter, merged[c.k]]
     fop = ComputeOp(TensorType(tuple(ext[d] for d in dims), op.result.dtype),

@@ -99,6 +99,8 @@ class ModelInputs:
 
 
 def _dtype_name(dt: np.dtype) -> str:
+    if dt.name == "bfloat16":
+        return "bf16"
     return {"f": "f", "i": "i", "u": "u", "b": "i"}.get(dt.kind, "?") + str(8 * dt.itemsize)
 
 
@@ -195,7 +197,7 @@ def model_inputs(meta: Mapping[str, Any], function: str = "train_step",
     IR @forward when known, for exact value ranges."""
     fm = meta["functions"].get(function) or next(iter(meta["functions"].values()))
     specs = [InputSpec(str(a["name"]), tuple(int(d) for d in a["shape"]),
-                       np.dtype(_NP_DTYPES.get(a["dtype"], a["dtype"])))
+                       _np_dtype(a["dtype"]))
              for a in fm["args"] if a.get("role") == "input"]
     x, y = split_inputs(specs)
     ranges = input_ranges(func) if func is not None else {}
@@ -211,6 +213,14 @@ def model_inputs(meta: Mapping[str, Any], function: str = "train_step",
 
 _NP_DTYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64",
               "i1": "bool", "f16": "float16"}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bf16":  # 2-byte ml_dtypes.bfloat16, as the library stores it
+        from nfc.runtime.loader import numpy_dtype
+
+        return numpy_dtype(name)
+    return np.dtype(_NP_DTYPES.get(name, name))
 
 
 def choose(mi: ModelInputs) -> str:

@@ -7,7 +7,8 @@ metadata then gives the ABI version (it and the exported `nfc_abi_version()` mus
 `ABI_VERSION`) and the CPU features the library was compiled for (every one must be present on
 this host; a library built for AVX-512 would otherwise die of SIGILL). Only then is the library
 mapped, from a private copy of the very bytes that were checked (`read_metadata` alone maps
-nothing).
+nothing), after libgomp, which it links, has been loaded with nfc's wait policy (idle threads
+back off to sleeping: nfc.codegen.jit._libgomp).
 
 A `Model` owns the model's persistent tensors (parameters, state, optimizer state) as
 64-byte-aligned numpy arrays; the native entries read and update them in place, zero-copy:
@@ -46,7 +47,21 @@ ABI_VERSION = 1
 ALIGN = 64
 
 _DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i1": np.bool_,
-           "i32": np.int32, "i64": np.int64, "bf16": np.float32}
+           "i32": np.int32, "i64": np.int64}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of an IR dtype name in a library's memory: bf16 is `ml_dtypes.bfloat16`
+    (2 bytes, as the kernels store it; the package comes with JAX), an ArtifactError without
+    it."""
+    if name == "bf16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ArtifactError("the model has bf16 tensors, which need the ml_dtypes "
+                                "package (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_DTYPES[name])
 
 
 class ArtifactError(Exception):
@@ -111,7 +126,7 @@ class TensorSpec:
     def of(d: Mapping[str, Any]) -> TensorSpec:
         """From a metadata entry."""
         return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]),
-                          np.dtype(_DTYPES[d["dtype"]]), str(d.get("role", "")))
+                          numpy_dtype(d["dtype"]), str(d.get("role", "")))
 
 
 _copies = itertools.count()
@@ -442,6 +457,11 @@ def load(path: str | os.PathLike[str], *, check_cpu_features: bool = True) -> Mo
     check_metadata(meta, p)
     if check_cpu_features:
         check_cpu(meta, p)
+    # libgomp (which the library links) first, so that its idle threads back off to sleeping
+    # rather than spin (nfc.codegen.jit._libgomp): it reads its wait policy once, when loaded
+    from nfc.codegen.jit import load_openmp
+
+    load_openmp()
     lib = _open_library(p, sealed.elf)
     _check_abi(lib, p)
     return Model(p, lib, meta)

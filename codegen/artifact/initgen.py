@@ -128,6 +128,12 @@ def reference_init(name: str, init: str, shape: tuple[int, ...], dtype: DType,
         u2 = x1.astype(np.float64) * 2.0 ** -32
         z = np.sqrt(-2.0 * np.log(u1)) * np.cos((2.0 * math.pi) * u2)
         val = spec.a + spec.b * z
+    if dtype in (DType.F16, DType.BF16):  # through f32 and rounded, like the native code
+        val = val.astype(np.float32)
+        if dtype is DType.BF16:
+            u = val.view(np.uint32).astype(np.uint64)
+            val = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(
+                np.float32)
     return val.astype(dtype.numpy).reshape(shape)
 
 
@@ -150,8 +156,11 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
         return
     n = ir.Constant(intrinsics.I64, size)
     if spec.kind == "fill":
-        val = ir.Constant(et, spec.a) if dtype.is_float else ir.Constant(et, int(spec.a))
-        b.call(_helper(module, "fill", et), [ptr, n, val])
+        if dtype in (DType.F16, DType.BF16):  # stored as 16-bit patterns
+            val = ir.Constant(et, _half_bits(spec.a, dtype))
+        else:
+            val = ir.Constant(et, spec.a) if dtype.is_float else ir.Constant(et, int(spec.a))
+        b.call(_helper(module, "fill", et, dtype), [ptr, n, val])
         return
     if not dtype.is_float:
         raise ValueError(f"a random initializer for the integer tensor '{name}'")
@@ -160,11 +169,21 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
                 ir.Constant(intrinsics.I64, high - (1 << 64) if high >= 1 << 63 else high))
     # uniform: lo + (hi - lo) * u; normal: mean + std * z (parameters as doubles)
     p1, p2 = (spec.a, spec.b - spec.a) if spec.kind == "uniform" else (spec.a, spec.b)
-    b.call(_helper(module, spec.kind, et),
+    b.call(_helper(module, spec.kind, et, dtype),
            [ptr, n, key, ir.Constant(intrinsics.F64, p1), ir.Constant(intrinsics.F64, p2)])
 
 
-def _helper(module, kind: str, et):  # -> ir.Function
+def _half_bits(value: float, dtype: DType) -> int:
+    """The f16/bf16 bit pattern of `value` (rounded to nearest even, like the kernels)."""
+    from nfc.codegen.llvm.exprs import round_literal
+
+    x = np.asarray(round_literal(value, dtype), np.float32)
+    if dtype is DType.F16:
+        return int(x.astype(np.float16).view(np.uint16))
+    return int(x.view(np.uint32)) >> 16
+
+
+def _helper(module, kind: str, et, dtype: DType | None = None):  # -> ir.Function
     """The module's internal, never inlined `void nfc_init_<kind>_<type>(ptr, i64 n, ...)`:
     fill (value), uniform (key, lo, hi - lo) or normal (key, mean, std) of n elements."""
     from llvmlite import ir
@@ -172,7 +191,7 @@ def _helper(module, kind: str, et):  # -> ir.Function
     from nfc.codegen.llvm import intrinsics
     from nfc.codegen.llvm.emitter import set_attributes
 
-    fname = f"nfc_init_{kind}_{et}"
+    fname = f"nfc_init_{kind}_{dtype or et}"
     fn = module.globals.get(fname)
     if fn is not None:
         return fn
@@ -208,7 +227,12 @@ def _helper(module, kind: str, et):  # -> ir.Function
             c = intrinsics.intrinsic(b, "cos",
                                      [b.fmul(ir.Constant(intrinsics.F64, 2.0 * math.pi), u2)])
             d = b.fadd(p1, b.fmul(p2, b.fmul(r, c)))
-        val = d if et == intrinsics.F64 else b.fptrunc(d, et)
+        if dtype is DType.F16:  # through f32, like the kernels (never a libcall)
+            val = intrinsics.f32_to_half(b, b.fptrunc(d, intrinsics.F32))
+        elif dtype is DType.BF16:
+            val = intrinsics.f32_to_bf16(b, b.fptrunc(d, intrinsics.F32), native=False)
+        else:
+            val = d if et == intrinsics.F64 else b.fptrunc(d, et)
     b.store(val, b.gep(ptr, [i], source_etype=et))
     nxt = b.add(i, ir.Constant(intrinsics.I64, 1))
     i.add_incoming(nxt, loop)

@@ -4,8 +4,9 @@ A kernel becomes `void name(ptr buffers)`: `buffers[n]` points at parameter `n` 
 then inputs) and, when the kernel needs one, the last entry at its workspace (64-byte aligned,
 `LoopFunc.workspace_bytes`). Loops are emitted directly: serial loops as phi loops, unrolled
 loops by replicating their body, a vectorized loop as one vector body (see `exprs`), and a
-parallel loop as an outlined function run by libgomp's `GOMP_parallel`, each thread taking a
-contiguous chunk of iterations. Register buffers are entry-block allocas with constant
+parallel loop as an outlined function run by libgomp's `GOMP_parallel`, the threads claiming
+contiguous chunks of iterations as they come, or as a serial loop when its work is small
+(nfc.codegen.llvm.parallel). Register buffers are entry-block allocas with constant
 indices, which SROA turns into SSA registers; reductions use FMA and reassociation only there.
 """
 
@@ -17,8 +18,8 @@ from llvmlite import ir
 
 from nfc.affine import interval
 from nfc.codegen.cpu import CpuTarget
-from nfc.codegen.llvm import intrinsics, render
-from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype
+from nfc.codegen.llvm import bf16dot, intrinsics, render
+from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype, storage
 from nfc.codegen.llvm.fold import const_ints
 from nfc.codegen.loops import (
     Allocate,
@@ -82,6 +83,7 @@ class FuncEmitter(ExprEmitter):
         self.lane = None
         self.width = 1
         self.mask = None
+        self.native_bf16 = target.has("avx512bf16")
 
     @property
     def module(self) -> ir.Module:
@@ -122,7 +124,8 @@ class FuncEmitter(ExprEmitter):
             raise TypeError(f"unknown statement {s!r}")
 
     def allocate(self, buf: Buffer) -> ir.Value:
-        nbytes = max(buf.nbytes, 1)
+        sdt = storage(buf)  # f16/bf16 scratch holds f32
+        nbytes = max(buf.size * sdt.itemsize, 1)
         if buf.scope is Scope.GLOBAL:
             assert self.workspace is not None, "workspace buffer outside the kernel body"
             off = self.ws_offsets[buf.name]
@@ -134,7 +137,7 @@ class FuncEmitter(ExprEmitter):
                                 [ir.Constant(i64, 64), ir.Constant(i64, (nbytes + 63) // 64 * 64)])
             self.frees.append(p)
             return p
-        arr = ir.ArrayType(memtype(buf.dtype), max(buf.size, 1))
+        arr = ir.ArrayType(memtype(sdt), max(buf.size, 1))
         return _aligned_alloca(self.entry, arr, buf.name)
 
     def if_(self, s: If) -> None:
@@ -175,6 +178,8 @@ class FuncEmitter(ExprEmitter):
             self.ranges[s.var] = (0, 0)
             self.stmt(s.body)
             self._forget(s.var, saved)
+        elif s.kind is LoopKind.UNROLLED and self.native_bf16 and bf16dot.emit_pairs(self, s):
+            pass  # pairs of bf16 products per vdpbf16ps (nfc.codegen.llvm.bf16dot)
         elif s.kind is LoopKind.UNROLLED and c is not None or _auto_unroll(s, c):
             saved = self.env.get(s.var)
             for k in range(c):
@@ -236,54 +241,11 @@ class FuncEmitter(ExprEmitter):
         self._forget(var, saved)
 
     def parallel(self, s: For) -> None:
-        """Outline the loop body and run it on a team of threads via GOMP_parallel."""
-        b = self.b
-        n = self.value(s.extent, DType.I64)
-        ptr_items = list(self.ptrs.items())
-        if self.workspace is not None:
-            ptr_items.append(("__workspace__", self.workspace))
-        # known values (unrolled and single-iteration loop variables) are not passed through
-        # memory: the outlined body uses the constants, which keeps its arithmetic folded
-        env_items = [(k, v) for k, v in self.env.items() if not isinstance(v, ir.Constant)]
-        env_consts = {k: v for k, v in self.env.items() if isinstance(v, ir.Constant)}
-        st = ir.LiteralStructType([PTR] * len(ptr_items) + [intrinsics.I64] * (len(env_items) + 1))
-        data = _aligned_alloca(self.entry, st, "par.data")
-        zero = ir.Constant(intrinsics.I32, 0)
-        vals = [v for _, v in ptr_items] + [v for _, v in env_items] + [n]
-        for k, v in enumerate(vals):
-            b.store(v, b.gep(data, [zero, ir.Constant(intrinsics.I32, k)], source_etype=st))
-        sub = ir.Function(self.module, ir.FunctionType(VOID, [PTR]),
-                          name=f"{self.fn.name}.par{next(_counter)}")
-        sub.linkage = "internal"
-        set_attributes(sub, ("nounwind", *self.target.function_attributes))
-        child = FuncEmitter(sub, self.target, parallel=False)
-        child.ranges = dict(self.ranges)
-        child.env.update(env_consts)
-        child.ws_offsets = self.ws_offsets
-        cb = child.b
-        arg = sub.args[0]
-        for k, v in enumerate(vals):
-            got = cb.load(cb.gep(arg, [zero, ir.Constant(intrinsics.I32, k)], source_etype=st),
-                          typ=v.type)
-            if k < len(ptr_items):
-                child.ptrs[ptr_items[k][0]] = got
-            elif k < len(vals) - 1:
-                child.env[env_items[k - len(ptr_items)][0]] = got
-            else:
-                total = got
-        child.workspace = child.ptrs.pop("__workspace__", None)
-        tid = cb.sext(child.call_c("omp_get_thread_num", intrinsics.I32, []), intrinsics.I64)
-        nt = cb.sext(child.call_c("omp_get_num_threads", intrinsics.I32, []), intrinsics.I64)
-        chunk = cb.sdiv(cb.add(total, cb.sub(nt, ir.Constant(intrinsics.I64, 1))), nt)
-        lo = cb.mul(tid, chunk)
-        hi = cb.add(lo, chunk)
-        hi = cb.select(cb.icmp_signed("<", hi, total), hi, total)
-        child.serial(s.var, lo, hi, s.body, self._hi(s.extent))
-        child.finish()
-        maxt = b.sext(self.call_c("omp_get_max_threads", intrinsics.I32, []), intrinsics.I64)
-        nthr = b.trunc(b.select(b.icmp_signed("<", n, maxt), n, maxt), intrinsics.I32)
-        with b.if_then(b.icmp_signed(">", n, ir.Constant(intrinsics.I64, 0))):
-            self.call_c("GOMP_parallel", VOID, [sub, data, nthr, ir.Constant(intrinsics.I32, 0)])
+        """A parallel loop: on threads, or serially below the work threshold
+        (nfc.codegen.llvm.parallel)."""
+        from nfc.codegen.llvm.parallel import emit_parallel
+
+        emit_parallel(self, s)
 
     # --- stores --------------------------------------------------------------------------
 
@@ -308,15 +270,11 @@ class FuncEmitter(ExprEmitter):
         c = b.fcmp_ordered(cmp, v, old) if dt.is_float else b.icmp_signed(cmp, v, old)
         return b.select(c, v, old)
 
-    def _to_mem(self, v: ir.Value, dt: DType) -> ir.Value:
-        if dt is DType.I1:
-            return self.b.zext(v, intrinsics.like(v.type, ir.IntType(8)))
-        return v
-
     def store(self, s: Store) -> None:
         b = self.b
         buf, dt = s.buffer, s.buffer.dtype
-        et = memtype(dt)
+        sdt = storage(buf)  # dt as it is stored (f16/bf16 scratch: f32)
+        et = memtype(sdt)
         idx_lane = any(self.lane_dependent(i) for i in s.indices)
         val_lane = self.lane_dependent(s.value)
         off, _ = self.address(buf, s.indices)
@@ -325,10 +283,9 @@ class FuncEmitter(ExprEmitter):
             if s.reduce is None:
                 v = self.value(s.value, dt)
             else:
-                old = b.load(p, typ=et)
-                old = b.trunc(old, intrinsics.I1) if dt is DType.I1 else old
+                old = self.from_mem(b.load(p, typ=et), sdt)
                 v = self.combine(s.reduce, old, s, dt)
-            b.store(self._to_mem(v, dt), p)
+            b.store(self.to_mem(v, sdt), p)
             return
         if not idx_lane:
             if s.reduce is None:
@@ -342,7 +299,9 @@ class FuncEmitter(ExprEmitter):
             r = self.horizontal(s.reduce, v, dt)
             p = self.gep(buf, self.int_value(off))
             old = b.load(p, typ=et)
-            b.store(self._to_mem(self._merge(s.reduce, old, r, dt), dt), p)
+            if sdt in (DType.F16, DType.BF16):
+                old = self.from_mem(old, sdt)
+            b.store(self.to_mem(self._merge(s.reduce, old, r, dt), sdt), p)
             return
         coeff = self.lane_coeff(off)
         vt = ir.VectorType(et, self.width)
@@ -354,7 +313,7 @@ class FuncEmitter(ExprEmitter):
             else:
                 old = self._vload(p, vt, align, buf)
                 v = self.vec(self.combine(s.reduce, old, s, dt))
-            v = self._to_mem(v, dt)
+            v = self.to_mem(v, sdt)
             if self.mask is None:
                 b.store(v, p, align=align)
             elif buf.scope in (Scope.REGISTER, Scope.LOCAL):
@@ -378,9 +337,7 @@ class FuncEmitter(ExprEmitter):
                                     [PTR, intrinsics.I32, self.mask.type, vt])
             v = b.call(fn, [p, ir.Constant(intrinsics.I32, align), self.mask,
                             ir.Constant(vt, None)])
-        if buf.dtype is DType.I1:
-            v = b.trunc(v, ir.VectorType(intrinsics.I1, self.width))
-        return v
+        return self.from_mem(v, storage(buf))
 
     def scatter(self, s: Store, off: Expr) -> None:
         """A store whose lanes hit non-contiguous elements: lane by lane."""
@@ -396,7 +353,7 @@ class FuncEmitter(ExprEmitter):
                 o = self.int_value(off, k)
                 p = self.gep(s.buffer, o)
                 if v is not None:
-                    b.store(self._to_mem(b.extract_element(v, kc), dt), p)
+                    b.store(self.to_mem(b.extract_element(v, kc), storage(s.buffer)), p)
                     return
                 # a reducing scatter: evaluate the lane's value in scalar mode
                 self.lane, self.width, self.mask = None, 1, None
@@ -496,7 +453,7 @@ def _lanes_of(body: Stmt, store: Store) -> int:
 
 
 def _elem_bytes(t: ir.Type) -> int:
-    if isinstance(t, ir.IntType):
+    if isinstance(t, ir.IntType):  # i16 holds f16/bf16
         return max(1, t.width // 8)
     return 4 if t == intrinsics.F32 else 8
 

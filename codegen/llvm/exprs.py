@@ -6,6 +6,13 @@ where it meets a vector. A load whose flattened offset has lane coefficient 1 is
 load, 0 a scalar load (broadcast), anything else a gather lane by lane. Loads under a
 lane-dependent condition (a `select` guard, a `Clamp` of a padded tile, an `If` around the
 store) are masked, so a lane that is switched off never touches memory.
+
+f16 and bf16 values are f32 in registers and 16-bit (`i16` bit patterns) in tensors: a load
+widens, a store rounds to the format (nearest even), and a cast to f16/bf16 rounds (the value
+stays an f32 holding a representable number), so arithmetic on them is f32 arithmetic
+rounded where a value is stored or cast, and a reduction into an f16/bf16 result accumulates
+in f32. A kernel's private buffers (`Scope.REGISTER`/`LOCAL`: accumulators, scratch) hold
+such values as f32 (`storage`): only tensors (parameters, the workspace) are 16-bit.
 """
 
 from __future__ import annotations
@@ -21,23 +28,56 @@ from nfc.affine import Affine, interval, to_affine
 from nfc.codegen.llvm import intrinsics as M
 from nfc.codegen.llvm import render
 from nfc.codegen.llvm.fold import const_ints, int_constant
-from nfc.codegen.loops import Buffer, BufLoad, Clamp
+from nfc.codegen.loops import Buffer, BufLoad, Clamp, Scope
 from nfc.ir import Binary, Const, DType, Expr, Index, Select
 
+#: The 16-bit float formats: f32 in registers, 16-bit bit patterns in memory.
+HALF = frozenset({DType.F16, DType.BF16})
+
 LLTYPE: dict[DType, ir.Type] = {DType.F32: M.F32, DType.F64: M.F64, DType.I1: M.I1,
-                                DType.I32: M.I32, DType.I64: M.I64}
+                                DType.I32: M.I32, DType.I64: M.I64, DType.F16: M.F32,
+                                DType.BF16: M.F32}
 
 
 def lltype(dt: DType) -> ir.Type:
-    """The LLVM type of a scalar of `dt` (in registers)."""
+    """The LLVM type of a scalar of `dt` in registers (f16 and bf16: f32)."""
     if dt not in LLTYPE:
         raise NotImplementedError(f"the CPU backend does not support {dt} yet")
     return LLTYPE[dt]
 
 
 def memtype(dt: DType) -> ir.Type:
-    """The LLVM type of an element of `dt` in memory (i1 is a byte)."""
+    """The LLVM type of an element of `dt` in memory (i1 is a byte, f16/bf16 an i16)."""
+    if dt in HALF:
+        return M.I16
     return ir.IntType(8) if dt is DType.I1 else lltype(dt)
+
+
+def storage(buf: Buffer) -> DType:
+    """The type `buf`'s elements are stored as: its dtype, except f16/bf16 in a kernel's
+    private buffers (accumulators, scratch), which hold f32 so that sums accumulate in f32."""
+    if buf.dtype in HALF and buf.scope in (Scope.REGISTER, Scope.LOCAL):
+        return DType.F32
+    return buf.dtype
+
+
+def round_literal(value: float, dt: DType) -> float:
+    """`value` rounded to the float type `dt` (a literal typed by its context; bf16 to
+    nearest even like nfc.interp)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        if dt is DType.BF16:
+            if value != value:
+                return float(value)
+            bits = int(np.asarray(value, np.float32).view(np.uint32))
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return float(np.asarray(bits, np.uint32).view(np.float32))
+        if dt is DType.F16:
+            return float(np.float16(value))
+        if dt is DType.F32:
+            return float(np.float32(value))
+    return float(value)
 
 
 def _machine_leaf(e: Expr) -> DType | None:
@@ -76,6 +116,8 @@ class ExprEmitter:
     mask: ir.Value | None = None
     types: ops.Typer | None = None
     """Kinds of the expressions emitted so far (per emitter, see `typer`)."""
+    native_bf16: bool = False
+    """f32 to bf16 by `vcvtneps2bf16` (the target has AVX-512 BF16), else integer rounding."""
     addr_memo: dict[tuple[object, ...], tuple[object, object, tuple[Expr, list[Clamp]]]] | None \
         = None
     aff_memo: dict[tuple[int, str | None], tuple[Expr, object]] | None = None
@@ -110,11 +152,42 @@ class ExprEmitter:
         return self.lane is not None and any(
             isinstance(x, Index) and x.name == self.lane for x in e.walk())
 
+    def from_mem(self, v: ir.Value, sdt: DType) -> ir.Value:
+        """A loaded element (or vector of them) stored as `sdt`, in its register type."""
+        if sdt is DType.I1:
+            return self.b.trunc(v, M.like(v.type, M.I1))
+        if sdt is DType.F16:
+            return M.half_to_f32(self.b, v)
+        if sdt is DType.BF16:
+            return M.bf16_to_f32(self.b, v)
+        return v
+
+    def to_mem(self, v: ir.Value, sdt: DType) -> ir.Value:
+        """A register value as an element stored as `sdt` (f16/bf16: rounded)."""
+        if sdt is DType.I1:
+            return self.b.zext(v, M.like(v.type, ir.IntType(8)))
+        if sdt is DType.F16:
+            return M.f32_to_half(self.b, v)
+        if sdt is DType.BF16:
+            return M.f32_to_bf16(self.b, v, native=self.native_bf16)
+        return v
+
     def convert(self, v: ir.Value, src: DType, dst: DType) -> ir.Value:
-        """Value conversion with numpy's rules (float to int truncates)."""
+        """Value conversion with numpy's rules (float to int truncates); to f16/bf16 it
+        rounds to the format, the result staying an f32."""
         if src == dst:
             return v
         b = self.b
+        if src in HALF or dst in HALF:
+            reg_src = DType.F32 if src in HALF else src
+            reg_dst = DType.F32 if dst in HALF else dst
+            v = self.convert(v, reg_src, reg_dst) if reg_src != reg_dst else v
+            if dst in HALF:  # f16 and bf16 values are rounded: only f16 -> bf16 may change
+                if isinstance(v, ir.Constant) and M.lanes(v.type) is None and isinstance(
+                        v.constant, float):
+                    return ir.Constant(v.type, round_literal(v.constant, dst))
+                v = self.from_mem(self.to_mem(v, dst), dst)
+            return v
         to = M.like(v.type, lltype(dst))
         if dst is DType.I1:
             zero = M.const(v.type, 0.0 if src.is_float else 0)
@@ -162,7 +235,9 @@ class ExprEmitter:
         return render.emit_op(self, e, dt)
 
     def const(self, e: Const, dt: DType) -> ir.Value:
-        """A literal in type `dt`."""
+        """A literal in type `dt` (rounded to it: an f16 literal is an f16 number)."""
+        if dt in HALF:
+            return ir.Constant(lltype(dt), round_literal(float(e.value), dt))
         return ir.Constant(lltype(dt), e.value if dt.is_float else int(e.value))
 
     def index(self, e: Index, dt: DType) -> ir.Value:
@@ -344,16 +419,16 @@ class ExprEmitter:
         return None if form is None else form[0].coeff(self.lane)
 
     def gep(self, buf: Buffer, off: ir.Value) -> ir.Value:
-        return self.b.gep(self.ptr(buf), [off], source_etype=memtype(buf.dtype))
+        return self.b.gep(self.ptr(buf), [off], source_etype=memtype(storage(buf)))
 
     def load(self, e: BufLoad) -> ir.Value:
         b = self.b
         buf = e.buffer
-        et = memtype(buf.dtype)
+        sdt = storage(buf)
+        et = memtype(sdt)
         if not self.lane_dependent(e):
             off, _ = self.address(buf, e.indices)
-            v = b.load(self.gep(buf, self.int_value(off)), typ=et)
-            return b.trunc(v, M.I1) if buf.dtype is DType.I1 else v
+            return self.from_mem(b.load(self.gep(buf, self.int_value(off)), typ=et), sdt)
         off, clamps = self.address(buf, e.indices)
         coeff = self.lane_coeff(off)
         vt = ir.VectorType(et, self.width)
@@ -376,7 +451,7 @@ class ExprEmitter:
                 fn = M.declare(b.module, f"llvm.masked.load.{M.type_suffix(vt)}.p0", vt,
                                [p.type, M.I32, mask.type, vt])
                 v = b.call(fn, [p, ir.Constant(M.I32, _size(et)), mask, ir.Constant(vt, None)])
-            return b.trunc(v, ir.VectorType(M.I1, self.width)) if buf.dtype is DType.I1 else v
+            return self.from_mem(v, sdt)
         # gather, lane by lane (clamps kept); a switched-off lane reads element 0
         off, _ = self.address(buf, e.indices, strip=False)
         out = ir.Constant(vt, ir.Undefined)
@@ -387,7 +462,7 @@ class ExprEmitter:
                 o = b.select(on, o, ir.Constant(M.I64, 0))
             out = b.insert_element(out, b.load(self.gep(buf, o), typ=et),
                                    ir.Constant(M.I32, lane))
-        return b.trunc(out, ir.VectorType(M.I1, self.width)) if buf.dtype is DType.I1 else out
+        return self.from_mem(out, sdt)
 
     def scalar_at_lane0(self, e: Expr) -> ir.Value:
         """`e` with the lane variable at 0, as a scalar i64."""

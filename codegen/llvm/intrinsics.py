@@ -7,6 +7,14 @@ would otherwise scalarise `llvm.exp.v8f32` into eight `expf` calls. f64 uses lib
 intrinsics (accurate to 1e-15 as the f64 tests need), lane by lane in vector code, as does
 `atan2` in both precisions. `philox` is Philox-4x32-10 on 32-bit lanes computed in 64-bit
 integers (nfc/philox.py is the reference).
+
+f16 and bf16 are storage formats: in memory an element is 16 bits (an `i16`, so masked loads,
+gathers and stores need nothing special), in registers an f32. `half_to_f32`/`f32_to_half`
+and `bf16_to_f32`/`f32_to_bf16` convert between the two: f16 by LLVM's `fpext`/`fptrunc`
+(F16C's `vcvtph2ps`/`vcvtps2ph`), bf16 by a 16-bit shift on the way in and, on the way out,
+round-to-nearest-even either by LLVM's `fptrunc` to `bfloat` (AVX-512 BF16's
+`vcvtneps2bf16`; `native=True`) or by integer arithmetic that vectorises everywhere (LLVM
+would otherwise call `__truncsfbf2` once per element).
 """
 
 from __future__ import annotations
@@ -20,6 +28,25 @@ F64 = ir.DoubleType()
 I1 = ir.IntType(1)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
+I16 = ir.IntType(16)
+F16 = ir.HalfType()
+
+
+class BFloatType(ir.types._BaseFloatType):
+    """LLVM's `bfloat` (llvmlite has no such type); used only as a conversion target."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value: float) -> str:
+        raise NotImplementedError("bfloat constants are never emitted (registers hold f32)")
+
+
+BFloatType._create_instance()
+BF16 = BFloatType()
 
 
 def lanes(t: ir.Type) -> int | None:
@@ -327,3 +354,38 @@ def philox4x32(b: ir.IRBuilder, key: ir.Value, counter: ir.Value) -> list[ir.Val
         hi1, lo1 = b.lshr(p1, const(t, 32)), b.and_(p1, mask)
         c = [b.xor(b.xor(hi1, c[1]), k0), lo1, b.xor(b.xor(hi0, c[3]), k1), lo0]
     return c
+
+
+# ---------------------------------------------------------------------------------------------
+# 16-bit float formats: i16 in memory, f32 in registers (see the module docstring)
+
+
+def half_to_f32(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """The f32 value of f16 bit patterns (exact)."""
+    return b.fpext(b.bitcast(bits, like(bits.type, F16)), like(bits.type, F32))
+
+
+def f32_to_half(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """f32 values rounded to f16 (nearest even), as bit patterns."""
+    return b.bitcast(b.fptrunc(x, like(x.type, F16)), like(x.type, I16))
+
+
+def bf16_to_f32(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """The f32 value of bf16 bit patterns (exact: the upper half of an f32)."""
+    w = b.zext(bits, like(bits.type, I32))
+    return b.bitcast(b.shl(w, const(w.type, 16)), like(bits.type, F32))
+
+
+def f32_to_bf16(b: ir.IRBuilder, x: ir.Value, *, native: bool) -> ir.Value:
+    """f32 values rounded to bf16 (nearest even; NaN stays a quiet NaN), as bit patterns:
+    `vcvtneps2bf16` when `native`, else integer arithmetic (which keeps f32 subnormals,
+    while the instruction flushes them to zero: both within the format's bound)."""
+    if native:
+        return b.bitcast(b.fptrunc(x, like(x.type, BF16)), like(x.type, I16))
+    it = like(x.type, I32)
+    bits = b.bitcast(x, it)
+    hi = b.lshr(bits, const(it, 16))
+    up = b.add(b.add(bits, const(it, 0x7FFF)), b.and_(hi, const(it, 1)))
+    nan = b.fcmp_unordered("uno", x, x)
+    return b.trunc(b.select(nan, b.or_(hi, const(it, 0x40)), b.lshr(up, const(it, 16))),
+                   like(x.type, I16))

@@ -10,15 +10,17 @@ accumulator (`reductions`). Parallel loops are fused last.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from nfc.codegen.loops import Buffer, BufLoad, Stmt, Store
 from nfc.codegen.lowering.axes import fuse_parallel, stage_loops
 from nfc.codegen.lowering.packing import Packed, plan_packs, with_packs
-from nfc.codegen.lowering.reductions import reduction_nest
+from nfc.codegen.lowering.reductions import reduction_nest, split_factors
 from nfc.codegen.lowering.tails import Tails, conjunction, guarded, plan_tails
 from nfc.codegen.schedule import Schedule
-from nfc.ir import ComputeOp, Expr, Index, Load, Value, substitute_indices
+from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, Value, substitute_indices
 from nfc.simplify import simplify_divisions
 
 
@@ -36,7 +38,11 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
         return simplify_divisions(substitute_indices(e, axis_exprs), ranges)
 
     packed = dict(packs)  # by id(value); a twice packed operand is read from its last panels
-    body = finish(op.body.map(lambda e: _load(e, bufs, packed, tails)))
+
+    def lowered(e: Expr) -> Expr:
+        return finish(e.map(lambda x: _load(x, bufs, packed, tails)))
+    core, factors = split_factors(op)  # a sum's invariant factors, applied once to the sum
+    body = lowered(core)
     out_idx = tuple(finish(Index(a.name)) for a in op.dims)
     guards = (conjunction([finish(c) for c in tails.bounds(reduce=False)]),
               conjunction([finish(c) for c in tails.bounds(reduce=True)]))
@@ -47,17 +53,54 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
         else:
             main = tails.nest(loops.order, guarded(guards[0], store))
     else:
-        main = reduction_nest(op, sched, tails, out, out_idx, body, guards, used_names)
+        main = reduction_nest(op, sched, tails, out, out_idx, body, guards, used_names,
+                              tuple((f, lowered(x)) for f, x in factors))
     return with_packs(fuse_parallel(main, loops, used_names), packs)
+
+
+def flat_index(indices: Sequence[Expr], shape: Sequence[int]) -> Expr | None:
+    """`e` when `indices` are the row-major delinearisation of one index `e` over `shape`
+    (`x[k // 1000, k // 10 % 100, k % 10]` of a `[6, 100, 10]` tensor: a flattening reshape
+    inlined into its consumer), else None. Such a load reads element `e` of the flat tensor:
+    contiguous in `e`, where the indices look like a gather."""
+    n = len(shape)
+    if n < 2:
+        return None
+    strides = [math.prod(shape[d + 1:]) for d in range(n)]
+    flat: Expr | None = None
+    for d, (ix, ext, st) in enumerate(zip(indices, shape, strides, strict=True)):
+        if ext == 1 and ix == Const(0):
+            continue
+        x = ix
+        if isinstance(x, Binary) and x.op == "%" and x.b == Const(ext):
+            x = x.a
+        elif d > 0:
+            return None
+        if st > 1:
+            if not (isinstance(x, Binary) and x.op == "//" and x.b == Const(st)):
+                return None
+            x = x.a
+        if flat is None:
+            flat = x
+        elif x != flat:
+            return None
+    return flat
 
 
 def _load(e: Expr, bufs: dict[int, Buffer], packs: dict[int, Packed],
           tails: Tails) -> Expr | None:
-    """A load of the compute as a load of its buffer, or of its panels when packed."""
+    """A load of the compute as a load of its buffer, or of its panels when packed; a load
+    through a flattening reshape (`flat_index`) as a load of the flat buffer (the same memory,
+    seen as one dimension: the same name binds the same pointer)."""
     if not isinstance(e, Load):
         return None
     pack = packs.get(id(e.tensor))
-    idx = tails.clamp(e.indices, bufs[id(e.tensor)].shape, -1 if pack is None else pack.dim)
+    buf = bufs[id(e.tensor)]
+    flat = flat_index(e.indices, buf.shape) if pack is None else None
+    if flat is not None:
+        view = replace(buf, shape=(buf.size,))
+        return BufLoad(view, tuple(tails.clamp([flat], view.shape)))
+    idx = tails.clamp(e.indices, bufs[id(e.tensor)].shape, -1 if pack is None else pack.keep)
     if pack is not None:
         return pack.load(idx)
     return BufLoad(bufs[id(e.tensor)], tuple(idx))

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model.h"
 
@@ -27,6 +28,13 @@ static void *alloc(int64_t bytes) {
 }
 
 int main(int argc, char **argv) {
+  /* libgomp, which the model links, reads its wait policy once, before main: unless the user
+   * chose one, run again with idle threads that sleep rather than spin at every barrier
+   * (spinning threads take the cores a loaded machine needs; docs/runtime.md). */
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv); /* returns only on failure: go on as we are */
+  }
   if (argc < 3) {
     fprintf(stderr, "usage: %s inputs.bin out.bin [seed]\n", argv[0]);
     return 2;

@@ -34,6 +34,12 @@ from nfc.ops.lattice import WEAK_FLOAT, WEAK_INT, TypeClash, is_float, join, rai
 #: Unit roundoff of float64 and float32 (half an ulp of 1.0).
 U64 = 2.0 ** -53
 U32 = 2.0 ** -24
+#: Unit roundoff of the 16-bit formats: f16 (11-bit significand) and bf16 (8 bits). Every
+#: operation in these types, accumulation included, is charged this much: that covers both
+#: nfc.interp (f16 rounded after every operation, sums accumulated in f32) and the backends
+#: (f32 arithmetic rounded at stores and casts).
+U16 = 2.0 ** -11
+UBF16 = 2.0 ** -8
 
 
 # `run_bounded` evaluates a function like `nfc.interp.run`, but every float value is computed
@@ -78,8 +84,9 @@ INTRINSIC_ULPS_F64 = {"exp": 4, "log": 4, "tanh": 4, "erf": 4, "sigmoid": 8, "sq
 #: layers; these stay within a small factor of the errors actually seen.
 LAMBDA = 8.0
 
-_UNIT = {DType.F32: U32, DType.F64: U64}
-_ETA = {DType.F32: 2.0 ** -126, DType.F64: 2.0 ** -1022}
+_UNIT = {DType.F32: U32, DType.F64: U64, DType.F16: U16, DType.BF16: UBF16}
+_ETA = {DType.F32: 2.0 ** -126, DType.F64: 2.0 ** -1022, DType.F16: 2.0 ** -14,
+        DType.BF16: 2.0 ** -126}
 
 
 def _gamma(n: Any, u: float) -> Any:
@@ -104,6 +111,12 @@ def _rounding_to(v: Any, dt: DType) -> Any:
     """|dt(v) - v|: the error of storing the float64 value `v` as `dt`."""
     v = np.asarray(v, np.float64)
     with np.errstate(all="ignore"):
+        if dt == DType.BF16:  # float32 (numpy's stand-in) to bf16: nearest even
+            x = np.array(v, dtype=np.float32)  # keeps 0-d shapes
+            u = x.view(np.uint32).astype(np.uint64)
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(
+                np.float32).reshape(x.shape)
+            return np.abs(np.where(np.isnan(x), x, r).astype(np.float64) - v)
         return np.abs(v.astype(dt.numpy).astype(np.float64) - v)
 
 
@@ -314,7 +327,8 @@ class _Bounded:
         if to.is_float:
             if _is_float(a.k):
                 v = np.asarray(a.v, np.float64)
-                e = a.e + (U32 * (np.abs(v) + a.e) if to == DType.F32 and a.k != to else 0.0)
+                narrows = a.k != to and (to == DType.F32 or to in (DType.F16, DType.BF16))
+                e = a.e + (_unit(to) * (np.abs(v) + a.e) if narrows else 0.0)
                 return _BV(v, to, e)
             v = np.asarray(a.v).astype(np.float64)
             return _BV(v, to, a.e + _rounding_to(v, to))
@@ -410,8 +424,6 @@ def _compute_bounded(op: ComputeOp, env: dict[int, tuple[np.ndarray, np.ndarray]
 
     rt = op.result.type
     dt = rt.dtype
-    if dt in (DType.F16, DType.BF16):
-        raise ValueError(f"run_bounded does not model {dt}")
     axes = op.all_axes
     nd = len(op.dims)
     extents = [a.extent for a in axes]
@@ -487,6 +499,8 @@ def _compute_bounded(op: ComputeOp, env: dict[int, tuple[np.ndarray, np.ndarray]
             err = np.where(acc_e > 0, np.inf, 0.0) if red == "prod" else acc_e
         else:
             err = acc_e
+        if red in ("sum", "prod") and dt in (DType.F16, DType.BF16):
+            err = err + _unit(dt) * (np.abs(value) + err)  # accumulated wider, then stored
     return value, np.where(np.isnan(err), np.inf, err)
 
 

@@ -15,6 +15,11 @@ nowhere else in nfc; the compiler never depends on it. docs/torch.md is the user
 from __future__ import annotations
 
 try:
+    # libgomp before PyTorch, whose bundled copy has the same name: the first one loaded
+    # serves both, and nfc's has idle threads that back off to sleeping (nfc.codegen.jit)
+    from nfc.codegen.jit import load_openmp
+
+    load_openmp()
     import torch  # noqa: F401  (fails early with a clear message when PyTorch is missing)
 except ImportError as exc:  # pragma: no cover - the test suite has torch
     raise ImportError("nfc.torch needs PyTorch: pip install 'nfc[torch]'") from exc

@@ -178,7 +178,7 @@ def test_tuning_builder_roundtrip():
     spec = kernel_spec(op)
     spec = json.loads(json.dumps(spec))
     sp = space(spec)
-    cfg = sp.default()
+    cfg = {**sp.default(), "pack_b": 1}  # B packed: the kernel has a workspace
     ins = random_inputs(op.operands, 5)
     run = build(spec, cfg)
     ref = tuning_reference(spec)
