@@ -20,6 +20,7 @@ from lark import Token
 from nfc.diagnostics import CompileError, Diagnostic, DiagnosticEngine, note
 from nfc.ir import (
     INTRINSICS,
+    AllReduceOp,
     Axis,
     Binary,
     Block,
@@ -376,6 +377,23 @@ class Builder:
         types = [t for t, _ in res_types]
         names = self._names(res, len(types), "nf.call", at)
         op = CallOp(str(sym)[1:], values, types, loc=src, attrs=attrs, names=names)
+        self.op_locs[id(op)] = at
+        self._define_results(op, res)
+        return op
+
+    def allreduce_op(self, ch: list) -> AllReduceOp:
+        res, kw = ch[0], ch[1]
+        rest = ch[2:]
+        args = [c for c in rest if isinstance(c, Token) and c.type == "VALUE"]
+        ttoks = [c for c in rest if isinstance(c, Token) and c.type == "TENSOR"]
+        attrs = next((c for c in rest if isinstance(c, dict)), None)
+        src = next((c for c in rest if isinstance(c, Loc)), None)
+        at = self.loc(kw)
+        values = [self.lookup(a) for a in args]
+        self._check_types("nf.allreduce", values, ttoks, [self.tensor_type(t) for t in ttoks],
+                          at, args)
+        names = self._names(res, len(values), "nf.allreduce", at)
+        op = AllReduceOp(values, loc=src, attrs=attrs, names=names)
         self.op_locs[id(op)] = at
         self._define_results(op, res)
         return op

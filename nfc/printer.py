@@ -23,6 +23,7 @@ from typing import Any
 from nfc.ir import (
     BINARY_PRECEDENCE,
     COMPARISONS,
+    AllReduceOp,
     Binary,
     Block,
     Call,
@@ -274,6 +275,11 @@ class Printer:
             vals = ", ".join(namer(v) for v in op.values)
             types = ", ".join(str(v.type) for v in op.values)
             text = op.opname + (f" {vals} : {types}" if op.values else "")
+            return [indent + text + self._tail(op)]
+        if isinstance(op, AllReduceOp):
+            vals = ", ".join(namer(v) for v in op.values)
+            types = ", ".join(str(v.type) for v in op.values)
+            text = f"{res} = nf.allreduce {vals}{self._attrs(op)} : {types}"
             return [indent + text + self._tail(op)]
         if isinstance(op, KernelOp):
             lines = [f"{indent}{res} = nf.kernel{self._attrs(op)} {{"]

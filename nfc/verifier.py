@@ -41,6 +41,7 @@ from nfc.ir import (
     INTRINSICS,
     MAX_ELEMENTS,
     REDUCTIONS,
+    AllReduceOp,
     Binary,
     Block,
     Call,
@@ -242,6 +243,8 @@ class _FuncVerifier:
                 self.call(op)
             elif isinstance(op, KernelOp):
                 self.kernel(op, in_kernel)
+            elif isinstance(op, AllReduceOp):
+                self.allreduce(op, in_kernel)
             else:
                 self.error(f"unknown op {op.opname}", op.loc)
             for j, r in enumerate(op.results):
@@ -251,6 +254,18 @@ class _FuncVerifier:
                     self.error(f"result {j} of {op.opname} has a wrong owner link", op.loc)
                 self.defined.add(id(r))
                 self.seen.add(id(r))
+
+    def allreduce(self, op: AllReduceOp, in_kernel: bool) -> None:
+        if in_kernel:
+            self.error("nf.allreduce inside a kernel", op.loc)
+        if not op.values:
+            self.error("nf.allreduce reduces no tensor", op.loc)
+        for v, r in zip(op.values, op.results, strict=False):
+            if not v.type.dtype.is_float or r.type != v.type:
+                self.error(f"nf.allreduce of {v.type} must give a float tensor of the same "
+                           f"type, not {r.type}", op.loc)
+        if len(op.values) != len(op.results):
+            self.error("nf.allreduce has one result per operand", op.loc)
 
     def kernel(self, op: KernelOp, in_kernel: bool) -> None:
         if in_kernel:

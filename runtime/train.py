@@ -92,6 +92,9 @@ class TrainConfig:
     """`dynamic`: explore and swap in better kernels while training (nfc.runtime.dynamic)."""
     dynamic: Any = None
     """nfc.runtime.dynamic.DynamicOptions of a dynamic run (None: the defaults)."""
+    distributed: Any = None
+    """nfc.runtime.distributed.DistOptions of a data-parallel run under mpiexec (None: the
+    defaults); `batch` is then per rank."""
 
 
 @dataclass
@@ -329,7 +332,8 @@ def _restore(cfg: TrainConfig, model: Model, order: datasets.BatchOrder, loaded:
                          f"--seed {info.get('seed')}; resume with the same options")
     if info.get("batch", batch) != batch:
         raise TrainError(f"checkpoint '{loaded.path}' was made with batch {info['batch']}, "
-                         f"this model has batch {batch}; resume with the same options")
+                         f"this run has batch {batch} (ranks x --batch); resume with the same "
+                         "global batch")
     try:
         order.restore(info["order"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -356,7 +360,10 @@ def train(cfg: TrainConfig) -> TrainResult:
         from nfc.runtime.dynamic.session import prepare_config
 
         cfg = prepare_config(cfg)
-    opened = _open_model(cfg)
+    from nfc.runtime.distributed import prepare
+
+    cfg, dist = prepare(cfg)  # dist: this rank of a data-parallel run (None: one process)
+    opened = dist.open(lambda: _open_model(cfg)) if dist else _open_model(cfg)
     model = opened.model
     step_fn = model.functions["train_step"]
     x_spec, y_spec = model_io(step_fn.meta)
@@ -368,16 +375,19 @@ def train(cfg: TrainConfig) -> TrainResult:
                          f"{batch}")
     threads = cfg.threads or default_threads(model.metadata)
     model.set_num_threads(threads)
+    ranks = dist.size if dist else 1
+    if dist:
+        dist.attach(model, batch)
     inputs = adapters.model_inputs(model.metadata, "train_step", opened.forward)
     ds = adapters.load_for(cfg.data, inputs, resize=cfg.resize)
     if cfg.progress:
         cfg.log(f"nfc: data {ds.note or ds.name}: {len(ds.x_train)} training samples for "
                 f"{inputs.describe()}")
-    order = datasets.BatchOrder(len(ds.x_train), batch, cfg.seed)
+    order = datasets.BatchOrder(len(ds.x_train), batch * ranks, cfg.seed)
     resume_step = None
     loaded = _find_checkpoint(cfg, model)
     if loaded is not None:
-        _restore(cfg, model, order, loaded, batch)
+        _restore(cfg, model, order, loaded, batch * ranks)
         resume_step = model.step
         cfg.log(f"nfc: resumed from {loaded.path} (step {model.step}, epoch {order.epoch})")
     else:
@@ -396,11 +406,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     t_start = time.perf_counter()
 
     def save() -> None:
-        if cfg.checkpoint:
+        if cfg.checkpoint and not (dist and not dist.is_root):
             if metrics is not None:  # what was logged up to the checkpoint survives a kill
                 metrics.flush()
             ckpt.save(cfg.checkpoint, model.step, model.tensors,
-                      {"seed": cfg.seed, "data": cfg.data, "batch": batch,
+                      {"seed": cfg.seed, "data": cfg.data, "batch": batch * ranks,
                        "order": order.state(), "epoch": order.epoch,
                        "source": os.path.basename(cfg.source)},
                       keep=cfg.keep)
@@ -414,6 +424,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         from nfc.runtime.dynamic.session import start_session
 
         dyn = start_session(cfg, model, log)
+        dyn.planned_steps = total  # the run's planned length sets the exploration allowance
         threads = dyn.training_threads(threads, cfg.threads)
         model.set_num_threads(threads)
         bound = dyn.wrap(bound)
@@ -421,6 +432,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         while order.epoch < cfg.epochs and model.step < total:
             epoch_losses = []
             for idx in order.epoch_batches():
+                if dist:
+                    idx = dist.shard(idx)
                 np.take(ds.x_train, idx, axis=0, out=xb)
                 np.take(ds.y_train, idx, axis=0, out=yb)
                 bound.rng[0], bound.rng[1] = cfg.seed, model.step
@@ -432,6 +445,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                 if profiler is not None:
                     profiler.add(bound.fn.profile_events(), model.step)
                 loss = float(out["loss"]) if "loss" in out else float("nan")
+                if dist:
+                    loss = dist.after_step(loss)
                 losses.append(loss)
                 epoch_losses.append(loss)
                 times.append(dt)
@@ -461,6 +476,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         save()
     finally:
         summary = dyn.stop() if dyn is not None else None
+        if dist:
+            dist.close()
         progress.close()
         if metrics is not None:
             metrics.close()

@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[cuda,test,torch]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[cuda,test,torch,distributed]'
 exec .venv/bin/python -m pytest -q "$@"

@@ -10,6 +10,8 @@ Exported C ABI (ABI_VERSION 1; every symbol starts with `nfc_`):
     void        nfc_<f>(void **args, void **outs, void *arena);
     int64_t     nfc_<f>_arena_bytes(void);
     int64_t    *nfc_<f>_profile(void);           /* profiled builds only */
+    void        nfc_set_collective(void (*fn)(int64_t id, int64_t phase, void **buffers));
+                                                 /* modules with nf.allreduce only */
 
 `nfc_<f>` runs a whole step: its kernels in order (each a `void k(void **buffers)` of
 nfc.codegen), then the copies of the plan (nfc.codegen.artifact.plan). `args` has one pointer
@@ -17,6 +19,11 @@ per IR argument, `outs` one per result not updated in place; buffers are C-conti
 alignment is best (not required). `arena` may be NULL: the library then uses an arena of its
 own, allocated on the first such call (so concurrent calls of one entry need arenas of their
 own, `nfc_<f>_arena_bytes()`).
+An `nf.allreduce` op (nfc.passes.data_parallel) is no kernel: the entry calls the function
+registered with `nfc_set_collective` with the collective's number in the function's metadata
+"collectives", phase 0 (start) and its results then its operands, at the op; and phase 1
+(wait) with the same buffers before the first kernel reading a result. With none registered
+it copies the operands to the results.
 A profiled build (`profile=True`) reads CLOCK_MONOTONIC around every kernel call and stores
 the start and end (ns) of kernel k of the latest call at `nfc_<f>_profile()[2k]` and `[2k+1]`.
 """
@@ -31,6 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nfc import __version__
+from nfc.codegen.artifact.collective import (
+    COLLECTIVE_PREFIX,
+    NO_LOOPS,
+    collective_json,
+    collective_waits,
+    emit_collective,
+)
 from nfc.codegen.artifact.initgen import GENERATOR, GENERATOR_VERSION, emit_init_loop
 from nfc.codegen.artifact.kcache import ObjectCache
 from nfc.codegen.artifact.kernels import KernelSet
@@ -40,7 +54,7 @@ from nfc.codegen.jit import SCHEDULE_ATTR, KernelInfo, new_module
 from nfc.codegen.lower import ScheduleError, default_group_schedule, group_of
 from nfc.codegen.schedule import GroupSchedule
 from nfc.diagnostics import CompileError, error
-from nfc.ir import ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
+from nfc.ir import AllReduceOp, ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
 
 #: Version of the C ABI and the metadata layout; the loader refuses any other.
 ABI_VERSION = 1
@@ -266,8 +280,16 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
         infos: dict[int, KernelInfo] = {}
         symbols: dict[int, str] = {}
         kmeta = []
+        collectives: list[dict[str, Any]] = []
         for n, op in enumerate(f.body.ops):
             if isinstance(op, ReturnOp):
+                continue
+            if isinstance(op, AllReduceOp):
+                # no kernel: the entry calls the registered collective (`emit_collective`)
+                infos[n] = KernelInfo(f"allreduce{len(collectives)}", NO_LOOPS,
+                                      tuple(op.results), tuple(op.values))
+                symbols[n] = f"{COLLECTIVE_PREFIX}{len(collectives)}"
+                collectives.append(collective_json(op))
                 continue
             if not isinstance(op, ComputeOp | KernelOp):
                 raise CompileError(error(f"cannot compile {op.opname} into an artifact; run "
@@ -304,7 +326,7 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
                         for r in plan.results],
             "arena_bytes": plan.memory.peak, "naive_bytes": plan.memory.naive,
             "kernels": kmeta, "copies": len(plan.copies),
-        }
+        } | ({"collectives": collectives} if collectives else {})
     _emit_init(llmod, tensors)
     feats = sorted(target.enabled)
     meta: dict[str, Any] = {
@@ -425,7 +447,19 @@ def _emit_entry(llmod, plan: FuncPlan, profile: bool) -> None:
         now = b.add(b.mul(sec, ir.Constant(I64, 1_000_000_000)), nsec)
         b.store(now, b.gep(prof, [ir.Constant(I64, k)], source_etype=I64))
 
+    waits = collective_waits(plan)
     for k, call in enumerate(plan.kernels):
+        for cid, coll in waits.pop(k, []):
+            emit_collective(llmod, fn, b, coll, cid, 1, bufs, ptr, ())
+        if call.symbol.startswith(COLLECTIVE_PREFIX):
+            cid = int(call.symbol[len(COLLECTIVE_PREFIX):])
+            if profile:
+                stamp(2 * k)
+            sizes = [r.type.nbytes for r in plan.func.body.ops[call.op_index].results]
+            emit_collective(llmod, fn, b, call, cid, 0, bufs, ptr, sizes)
+            if profile:
+                stamp(2 * k + 1)
+            continue
         for m, slot in enumerate(call.buffers):
             b.store(ptr(slot), b.gep(bufs, [ir.Constant(I64, m)], source_etype=PTR))
         kfn = llmod.get_global(call.symbol)
@@ -434,6 +468,8 @@ def _emit_entry(llmod, plan: FuncPlan, profile: bool) -> None:
         b.call(kfn, [bufs])
         if profile:
             stamp(2 * k + 1)
+    for cid, coll in waits.pop(len(plan.kernels), []):
+        emit_collective(llmod, fn, b, coll, cid, 1, bufs, ptr, ())
     for c in plan.copies:
         memcpy = llmod.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
         b.call(memcpy, [ptr(c.dst), ptr(c.src), ir.Constant(I64, c.nbytes),

@@ -34,13 +34,24 @@ from nfc.ir.expr import (
     substitute_indices,
     substitute_values,
 )
-from nfc.ir.ops import Axis, CallOp, ComputeOp, KernelOp, Op, ReturnOp, TerminatorOp, YieldOp
+from nfc.ir.ops import (
+    AllReduceOp,
+    Axis,
+    CallOp,
+    ComputeOp,
+    KernelOp,
+    Op,
+    ReturnOp,
+    TerminatorOp,
+    YieldOp,
+)
 from nfc.ir.types import MAX_ELEMENTS, DType, Loc, TensorType
 from nfc.ir.values import Value
 
 __all__ = [
     "BINARY_PRECEDENCE", "COMPARISONS", "INTRINSICS", "LOGICAL", "MAX_ELEMENTS", "REDUCTIONS",
-    "Axis", "Binary", "Block", "Call", "CallOp", "Cast", "ComputeOp", "Const", "DType", "Expr",
+    "AllReduceOp", "Axis", "Binary", "Block", "Call", "CallOp", "Cast", "ComputeOp", "Const",
+    "DType", "Expr",
     "Func", "Index", "KernelOp", "Load", "Loc", "Module", "Op", "ReturnOp", "Select",
     "TensorType", "TerminatorOp", "Unary", "Value", "YieldOp", "index_names", "lift", "loads",
     "substitute_indices", "substitute_values",

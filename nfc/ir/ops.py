@@ -1,5 +1,5 @@
 """Tensor-level ops: the `Op` base with its use tracking, operand lists, and the concrete ops
-(`nf.compute`, `nf.call`, `nf.return`, `nf.yield`, `nf.kernel`)."""
+(`nf.compute`, `nf.call`, `nf.return`, `nf.yield`, `nf.kernel`, `nf.allreduce`)."""
 
 from __future__ import annotations
 
@@ -348,3 +348,33 @@ class KernelOp(Op):
     def _clone(self, mapping: dict[Value, Value]) -> Op:
         return KernelOp(self.body.clone(mapping), loc=self.loc, attrs=copy.deepcopy(self.attrs),
                         names=[r.name for r in self.results])
+
+
+class AllReduceOp(Op):
+    """`%a, %b = nf.allreduce %x, %y {nf.bucket = 0, nf.reduce = "mean"} : types`: every
+    result is its operand reduced over the ranks of a data-parallel run (one bucket of
+    gradients, one collective call). Inserted by the `data-parallel` pass
+    (nfc.passes.data_parallel); the native step calls the runtime's collective at this point
+    (nfc.runtime.distributed), and a process without one copies the operands unchanged."""
+
+    opname = "nf.allreduce"
+
+    def __init__(self, values: list[Value], *, loc: Loc | None = None,
+                 attrs: dict[str, Any] | None = None,
+                 names: list[str | None] | None = None) -> None:
+        super().__init__([v.type for v in values], loc=loc, attrs=attrs, names=names)
+        self.values = values
+
+    values = _operand_list("values", "The tensors reduced (one result each).")
+
+    @property
+    def operands(self) -> list[Value]:
+        return list(dict.fromkeys(self.values))
+
+    def replace_uses(self, mapping: dict[Value, Value]) -> None:
+        self.values = [mapping.get(a, a) for a in self.values]
+
+    def _clone(self, mapping: dict[Value, Value]) -> Op:
+        return AllReduceOp([mapping.get(a, a) for a in self.values], loc=self.loc,
+                           attrs=copy.deepcopy(self.attrs),
+                           names=[r.name for r in self.results])
