@@ -72,6 +72,14 @@ class Context:
     remarks: dict[str, str] = field(default_factory=dict)
     """One-line summaries passes leave for the driver to show, by pass name (`apply-tuning`
     says which tuned schedules it used); not diagnostics, and they never stop a pipeline."""
+    memory_model: Any = None
+    """`Callable[[Func], MemoryReport]` or None: the memory a function would need once built
+    (the rest of the pipeline and code generation, kernel workspaces included), for passes
+    that trade memory (`remat`); the build (nfc.runtime.build) sets it."""
+    device_params: Any = None
+    """`nfc.passes.fusion.device.DeviceParams` or None: this machine's measured device
+    parameters for passes that price on the device (`fuse`); the build (nfc.runtime.build)
+    sets it unless the built-in constants were asked for (`--device-params builtin`)."""
 
     def error(self, message: str, loc: Loc | None = None, *notes: Diagnostic) -> None:
         """Report a user-facing error; the pipeline stops once the pass returns."""

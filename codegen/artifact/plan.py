@@ -299,3 +299,39 @@ def plan_function(func: Func, infos: Mapping[int, KernelInfo],
             slots.append(Slot("arena", memory.offsets[("ws", n)]))
         kernels.append(KernelCall(symbols[n], n, tuple(slots), describe_op(n, op)))
     return FuncPlan(func.name, func, args, results, kernels, copies, memory, where, buffers)
+
+
+def artifact_memory_model(after: Sequence[Any], module_name: str = "model",
+                          module_attrs: Mapping[str, Any] | None = None,
+                          target: Any = None, context: Any = None) -> Any:
+    """A memory model for passes that trade memory (`Context.memory_model`, used by `remat`):
+    `model(func)` runs the passes `after` (the rest of the build pipeline: tuning, fusion;
+    not the other passes that use a memory model) on
+    `func` alone, plans its artifact entry (kernels lowered to loop IR for their workspace
+    sizes, nothing compiled) and returns that plan's MemoryReport. `func` is changed (the
+    caller gives a copy). The passes run under a copy of `context` (the build's: its model
+    parameters and device parameters, so that `fuse` groups as in the build)."""
+    import copy
+
+    # other memory-trading passes measure with this same model: they do not run inside it
+    after = [p for p in after if not getattr(p, "uses_memory_model", False)]
+
+    def model(func: Func) -> MemoryReport:
+        from nfc.codegen.artifact.assemble import build_artifact
+        from nfc.ir import Module
+        from nfc.passmanager import Context, PassManager
+
+        module = Module(module_name, [func], attrs=copy.deepcopy(dict(module_attrs or {})))
+        if after:
+            import dataclasses
+
+            from nfc.diagnostics import DiagnosticEngine
+
+            ctx = (Context(verify=False) if context is None else dataclasses.replace(
+                context, diagnostics=DiagnosticEngine(), remarks={}, memory_model=None,
+                verify=False))
+            PassManager(list(after), verify=False).run(module, ctx)
+        art = build_artifact(module, functions=[func.name], target=target)
+        return art.plans[func.name].memory_report()
+
+    return model
