@@ -41,9 +41,10 @@ from nfc.ir import Module
 from nfc.settings import SettingError, apply_optimizer, parse_settings, parse_value
 
 __all__ = [
-    "BUILD_PIPELINE", "CLEANUP_PIPELINE", "DEFAULT_PIPELINE", "FUSE_PIPELINE", "MODEL_PIPELINE",
-    "Built", "SettingError", "apply_tuning", "build_library", "build_module",
-    "check_model_source", "compile_model", "frontend_module", "load_model", "model_module",
+    "BUILD_PIPELINE", "CLEANUP_PIPELINE", "DEFAULT_PIPELINE", "DEVICE_PARAMS_ENV",
+    "FUSE_PIPELINE", "MODEL_PIPELINE", "Built", "SettingError", "apply_tuning",
+    "build_library", "build_module", "check_model_source", "compile_model",
+    "device_params_for", "frontend_module", "load_model", "model_module",
     "module_key", "parse_settings", "parse_value", "pipeline_for", "run_pipeline",
     "tune_pipeline_for",
 ]
@@ -176,10 +177,49 @@ def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
     module = frontend_module(source, params, optimizer, model=model)
     timings.add("parse" if _is_ir_file(source) else "frontend", time.perf_counter() - t0)
     ctx = Context(verify=verify, params=dict(params or {}))
+    trading = [n for n, p in enumerate(passes) if getattr(p, "uses_memory_model", False)]
+    if trading:  # remat & co. measure their choices on the artifact the rest would build
+        from nfc.codegen.artifact.plan import artifact_memory_model
+
+        ctx.memory_model = artifact_memory_model(passes[trading[0] + 1:], module.name,
+                                                 module.attrs, context=ctx)
+    ctx.device_params = device_params_for(passes)
     pm = PassManager(passes, verify=verify, print_ir_after=print_ir_after, stream=stream)
     pm.timings = timings
     pm.run(module, ctx)
     return module, ctx
+
+
+#: Environment variable choosing the fusion reward's device parameters of a build:
+#: `measured` (the default: this machine's, measured at first use and kept in the tuning
+#: cache) or `builtin` (the constants of nfc.passes.fusion.device). `--device-params` sets it.
+DEVICE_PARAMS_ENV = "NFC_DEVICE_PARAMS"
+
+
+def device_params_for(passes: Sequence[Any]) -> Any:
+    """The measured `DeviceParams` the build gives its `fuse` passes (`Context.device_params`),
+    or None: when no pass would read them (no `fuse{params=auto|measured}`), when
+    `$NFC_DEVICE_PARAMS` is `builtin`, or when measuring fails (the pass then says it used
+    its built-in constants). Measured at first use on this machine and kept in the tuning
+    cache under the device category (nfc.runtime.device_params), so later builds only look
+    them up."""
+    choice = os.environ.get(DEVICE_PARAMS_ENV, "measured").strip() or "measured"
+    if choice not in ("measured", "builtin"):
+        from nfc.diagnostics import error
+
+        raise error(f"${DEVICE_PARAMS_ENV}: '{choice}' is neither 'measured' nor 'builtin'")
+    wanted = any(p.name == "fuse" and getattr(p, "params", "") in ("auto", "measured")
+                 for p in passes)
+    if not wanted or choice == "builtin":
+        return None
+    from nfc.runtime.device_params import device_params
+
+    try:
+        return device_params()
+    except Exception as exc:  # noqa: BLE001 - a build never fails for want of a measurement
+        print(f"nfc: warning: measuring the device parameters failed ({exc}); fusing with "
+              "the built-in constants", file=sys.stderr)
+        return None
 
 
 def _cache_dir() -> Path:

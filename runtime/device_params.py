@@ -4,6 +4,11 @@ cache.
     python -m nfc.runtime.device_params            # measure (or reuse) and print `fuse{...}`
     python -m nfc.runtime.device_params --refresh  # measure again
 
+Every build that fuses (`nfc compile`, `nfc train`, `nfc bench`: nfc.runtime.build.
+device_params_for) calls `device_params()` and gives the result to the `fuse` pass, so the
+first build on a machine measures (a few seconds) and later ones only look the timings up;
+`--device-params builtin` / `NFC_DEVICE_PARAMS=builtin` skips it.
+
 `device_params()` looks the micro-benchmark timings of `nfc.codegen.devbench` up in the tuning
 cache under the CPU category (`cpu_category()`: device, features, cores, llvmlite and schedule
 versions), so a number measured on another machine is never used; missing ones are measured

@@ -23,6 +23,12 @@ from pathlib import Path
 
 import pytest
 
+# Builds fuse with nfc's built-in device constants unless a test asks for this machine's
+# measurement (NFC_DEVICE_PARAMS=measured, as tests/passes/test_passes_fusion_commands.py
+# does): the IR of a build must not depend on the machine the suite runs on, and every test
+# building under a fresh NFC_CACHE_DIR would otherwise measure the device again (seconds).
+os.environ.setdefault("NFC_DEVICE_PARAMS", "builtin")
+
 GOLDEN_ROOT = Path(__file__).parent / "golden"
 GOLDEN_SUFFIXES = (".nfir", ".nf")
 #: Seconds one RUN line may take.

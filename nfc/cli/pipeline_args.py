@@ -66,8 +66,27 @@ def add_build_pipeline_arguments(p: argparse.ArgumentParser,
     for flag in flags:
         p.add_argument(f"--no-{flag.replace('_', '-')}", action="store_true",
                        help=BUILD_FLAGS[flag])
+    if "fuse" in flags:
+        p.add_argument("--device-params", choices=("measured", "builtin"), default=None,
+                       action=_DeviceParamsAction,
+                       help="the fusion reward's device parameters: this machine's, measured "
+                            "at first use and kept in the tuning cache (measured, the "
+                            "default), or nfc's built-in constants (builtin); sets "
+                            "$NFC_DEVICE_PARAMS for the build and its workers")
     if pass_manager:
         add_pass_manager_arguments(p)
+
+
+class _DeviceParamsAction(argparse.Action):
+    """`--device-params X`: `$NFC_DEVICE_PARAMS=X` (nfc.runtime.build.DEVICE_PARAMS_ENV), read
+    by every build of the command, in this process or a worker it starts."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        import os
+
+        setattr(namespace, self.dest, values)
+        os.environ["NFC_DEVICE_PARAMS"] = str(values)
 
 
 def build_flags(args: argparse.Namespace) -> dict[str, bool]:

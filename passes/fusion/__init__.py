@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from nfc.diagnostics import CompileError
+from nfc.diagnostics import error
 from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Op, YieldOp
 from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams, measured_device_params
 from nfc.passes.fusion.partition import Decision, Group, Options, Partitioner
@@ -71,7 +71,11 @@ class Fuse(ModulePass):
     cache_kib: int = DEFAULT_DEVICE.cache_kib
     """Intermediates up to this size stay in cache between the stages of a kernel."""
     parallel_work: int = DEFAULT_DEVICE.parallel_work
-    """Iteration points from which a loop nest runs on threads (codegen's rule)."""
+    """Iteration points from which a loop nest is marked parallel (codegen's rule)."""
+    parallel_min_work: int = DEFAULT_DEVICE.parallel_min_work
+    """Estimated work below which a parallel-marked nest runs serially (no region)."""
+    vector_lanes: int = DEFAULT_DEVICE.vector_lanes
+    """f32 lanes of a vector register, for that estimate."""
     siblings: bool = True
     """Also merge groups that only share an input (read once if it fits the cache)."""
     recompute: bool = True
@@ -82,29 +86,41 @@ class Fuse(ModulePass):
     """Largest expression a compute may have after its producers are inlined."""
     functions: str = ""
     """Comma-separated names of the functions to fuse; empty: all."""
-    params: str = "options"
-    """Where P_d, P_c, L come from: `options` (the options above) or `measured` (this
-    machine's measurement in the tuning cache, `python -m nfc.runtime.device_params`, for every
-    option left at its default; the options when nothing was measured)."""
+    params: str = "auto"
+    """Where P_d, P_c, L come from: `auto` (this machine's measurement when the driver gives
+    one: `nfc compile`, `train` and `bench` do, measured at first use and kept in the tuning
+    cache; else the options), `measured` (that measurement, or the one in the tuning cache,
+    `python -m nfc.runtime.device_params`), or `builtin` (the options above: the built-in
+    constants unless given). Options given explicitly win over a measurement."""
     explain: bool = False
     """Print every candidate step to stderr: taken, rejected or skipped, with R, ΔT, ΔC, ΔK."""
+    veto: int = -1
+    """Reject the candidate step with this number in the order `explain` lists the steps
+    (-1: none): for measuring what one decision is worth (benchmarks/fusion_reward.py)."""
+    force: int = -1
+    """Take the rejected merge with this number in that order even though R <= 0, if it is
+    still legal when its turn comes (-1: none)."""
 
     def device(self) -> DeviceParams:
         """The device parameters these options describe."""
-        return DeviceParams(self.bandwidth_gbs, self.peak_gflops, self.elementwise_gflops,
-                            self.launch_us, self.region_us, self.cache_kib, self.parallel_work)
+        return DeviceParams(**{f.name: getattr(self, f.name) for f in fields(DeviceParams)})
 
-    def resolve_device(self) -> tuple[DeviceParams, str]:
+    def resolve_device(self, ctx: Context | None = None) -> tuple[DeviceParams, str]:
         """The parameters the reward uses and where they came from."""
         mine = self.device()
-        if self.params == "options":
-            return mine, "options"
-        if self.params != "measured":
-            raise CompileError(f"fuse: unknown params source '{self.params}' (expected "
-                               "'options' or 'measured')")
-        measured = measured_device_params()
+        if self.params in ("builtin", "options"):
+            return mine, "built-in constants" if mine == DEFAULT_DEVICE else "options"
+        if self.params not in ("auto", "measured"):
+            raise error(f"fuse: unknown params source '{self.params}' (expected 'auto', "
+                        "'measured' or 'builtin')")
+        given = getattr(ctx, "device_params", None)
+        measured = given if isinstance(given, DeviceParams) else None
+        if measured is None and self.params == "measured":
+            measured = measured_device_params()
         if measured is None:
-            return mine, "options (nothing measured on this machine)"
+            what = "built-in constants" if mine == DEFAULT_DEVICE else "options"
+            return mine, (f"{what} (nothing measured on this machine)"
+                          if self.params == "measured" else what)
         # an option given explicitly (not at its default) wins over the measurement
         merged = {f.name: (getattr(mine, f.name) if getattr(mine, f.name)
                            != getattr(DEFAULT_DEVICE, f.name) else getattr(measured, f.name))
@@ -115,14 +131,15 @@ class Fuse(ModulePass):
         """Fuse every selected function of `module`."""
         wanted = {n.strip() for n in self.functions.split(",") if n.strip()}
         opts = Options(siblings=self.siblings, recompute=self.recompute, max_ops=self.max_ops,
-                       explain=self.explain)
-        dev, source = self.resolve_device()
+                       explain=self.explain, veto=self.veto, force=self.force)
+        dev, source = self.resolve_device(ctx)
         ctx.remarks[self.name] = f"device parameters: {source} ({dev.pipeline_options()})"
+        steps = [0]  # steps are numbered across the module (veto/force name one)
         for func in module.funcs:
             if not wanted or func.name in wanted:
                 namer = _namer(func) if self.explain else None
                 decisions: list[Decision] = []
-                fuse_func(func, CostModel(dev, self.max_nodes), opts, decisions)
+                fuse_func(func, CostModel(dev, self.max_nodes), opts, decisions, steps)
                 if namer is not None:
                     print(explain_text(func.name, decisions, namer, source), file=sys.stderr)
 
@@ -140,27 +157,36 @@ def _namer(func: Func) -> Namer:
 def explain_text(func: str, decisions: list[Decision], namer: Namer, source: str) -> str:
     """The lines `fuse{explain=true}` prints: one per candidate step, in the order decided.
 
-        fuse: @forward: device parameters: options
-        fuse: @forward: take merge %0 %1: R=+12.3us dT=+1048576B dC=+0FLOP dK=+1 kernels +0 regions
+        fuse: @forward: device parameters: built-in constants
+        fuse: @forward: #0 take merge %0 %1: R=+12.3us dT=+1048576B dC=+0FLOP dK=+1 kernels
+          +0 regions
+
+    `#N` numbers the steps in the order decided (what `fuse{veto=N}` and `fuse{force=N}`
+    name); the numbers of a run with the same module and options are the same.
     """
     lines = [f"fuse: @{func}: device parameters: {source}"]
     for d in decisions:
         names = " ".join(namer(r) for op in d.members for r in op.results[:1])
         s = d.saved
-        lines.append(f"fuse: @{func}: {d.verdict} {d.kind} {names}: R={d.reward * 1e6:+.3f}us "
+        lines.append(f"fuse: @{func}: #{d.index} {d.verdict} {d.kind} {names}: "
+                     f"R={d.reward * 1e6:+.3f}us "
                      f"dT={s['bytes']:+.0f}B dC={s['flops']:+.0f}FLOP "
                      f"dK={s['kernels']:+.0f} kernels {s['regions']:+.0f} regions")
     return "\n".join(lines)
 
 
 def fuse_func(func: Func, model: CostModel, opts: Options | None = None,
-              decisions: list[Decision] | None = None) -> list[KernelOp]:
+              decisions: list[Decision] | None = None,
+              steps: list[int] | None = None) -> list[KernelOp]:
     """Partition `func`'s top-level computes into kernels in place; returns the new kernels
-    (and appends the search's decisions to `decisions` when `opts.explain`)."""
+    (and appends the search's decisions to `decisions` when `opts.explain`). `steps` holds
+    the number of the first step (`[0]` by default) and gets the next function's."""
     if sum(isinstance(op, ComputeOp) for op in func.body.ops) < 2:
         return []
-    part = Partitioner(func, model, opts or Options())
+    part = Partitioner(func, model, opts or Options(), steps[0] if steps else 0)
     part.run()
+    if steps:
+        steps[0] = part.next_step
     if decisions is not None:
         decisions.extend(part.decisions)
     ret = func.ret

@@ -35,10 +35,11 @@ class DeviceParams:
     """P_c: sustained fp32 compute of one core in GFLOP/s (half the FMA peak: the FLOP counts
     of nfc.cost count an FMA as two, and generic loop nests do not reach the peak)."""
     elementwise_gflops: float = 4.0
-    """Compute rate of elementwise code in GFLOP/s (nfc.cost FLOPs: a transcendental counts
-    one): elementwise stages and producers inlined (recomputed) into their consumers. Far
-    below the FMA peak: vectorised `exp`/`tanh`/`sigmoid` are polynomials of 10-20
-    instructions, and guarded gather-form gradients do not vectorise well."""
+    """Rate of transcendental functions in elementwise code, in nfc.cost FLOPs (one per
+    `exp`, `tanh`, `sigmoid`, ...) per second: vectorised polynomials of 10-20 instructions
+    each. The arithmetic around them (adds, multiplies, compares, selects) runs at
+    `peak_gflops` (before this split every elementwise FLOP ran at this rate, which priced
+    recomputing `mm + b` or a relu mask as if it were an `exp`)."""
     launch_us: float = 0.01
     """Overhead of one kernel call in microseconds: a direct call plus loop set-up (measured
     ≈ 2 ns for a one-element kernel; rounded up for the pointer set-up of a real call)."""
@@ -49,8 +50,14 @@ class DeviceParams:
     core's L2 cache, so its traffic is free; bigger ones go to DRAM (512 KiB: the L2 of one
     Zen 3 core, a quarter of a Sapphire Rapids core's)."""
     parallel_work: int = 1 << 16
-    """Iteration points from which codegen runs a loop nest on threads (mirrors
-    `nfc.codegen.space.PARALLEL_WORK`)."""
+    """Iteration points (output times reduction) from which codegen's schedule marks a loop
+    nest parallel (mirrors `nfc.codegen.space.PARALLEL_WORK`)."""
+    parallel_min_work: int = 200_000
+    """Estimated work (a store plus its value's operations, per vector of `vector_lanes`)
+    below which the emitter runs a parallel-marked nest serially, without a parallel region
+    (mirrors `nfc.codegen.llvm.parallel.PARALLEL_MIN_WORK`)."""
+    vector_lanes: int = 8
+    """f32 lanes of a vector register (8: AVX2, 16: AVX-512), for that work estimate."""
 
     @property
     def cache_bytes(self) -> int:
@@ -60,7 +67,8 @@ class DeviceParams:
     def seconds(self, nbytes: float, flops: float, kernels: float, regions: float,
                 elementwise_flops: float = 0.0) -> float:
         """The optimistic time of `nbytes` of traffic, `flops` (of which `elementwise_flops`
-        in elementwise code), kernel calls and parallel regions."""
+        are transcendental functions in elementwise code), kernel calls and parallel
+        regions."""
         return (nbytes / (self.bandwidth_gbs * 1e9)
                 + (flops - elementwise_flops) / (self.peak_gflops * 1e9)
                 + elementwise_flops / (self.elementwise_gflops * 1e9)

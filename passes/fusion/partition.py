@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,6 +64,11 @@ class Options:
     """Smallest reward (seconds) a step must have to be taken."""
     explain: bool = False
     """Record every candidate step and what became of it in `Partitioner.decisions`."""
+    veto: int = -1
+    """Number (`Decision.index`) of a step to reject although it would be taken, and with it
+    every later step that would put its two sides in one kernel (-1: none)."""
+    force: int = -1
+    """Number of a rejected merge or recompute to take first anyway, if still legal."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class Decision:
 
     verdict: str
     """`take`, `reject` (R <= min reward) or `skip` (no longer convex, or a recompute that
-    would have to run after an in-place update, when its turn came)."""
+    would have to run after an in-place update, when its turn came); `veto` (a step the
+    `veto` option rejected) or `force` (a rejected step the `force` option queued first)."""
     kind: str
     """`merge` or `recompute`."""
     members: tuple[Op, ...]
@@ -80,12 +87,15 @@ class Decision:
     """R in seconds: the estimated time before minus after."""
     saved: dict[str, float]
     """ΔT (`bytes`), ΔC (`flops`), ΔK (`kernels`, `regions`) saved by the step."""
+    index: int = 0
+    """The step's number in the search (0, 1, ...): what `veto`/`force` refer to."""
 
 
 class Partitioner:
     """The greedy search over one function (see the module docstring)."""
 
-    def __init__(self, func: Func, model: CostModel, opts: Options) -> None:
+    def __init__(self, func: Func, model: CostModel, opts: Options, first_step: int = 0
+                 ) -> None:
         self.func = func
         self.model = model
         self.opts = opts
@@ -100,6 +110,10 @@ class Partitioner:
         self._costs: dict[tuple[frozenset[int], frozenset[int]], GroupCost] = {}
         self._outs: dict[tuple[int, int], frozenset[int]] = {}
         self.decisions: list[Decision] = []
+        self.next_step = first_step
+        """The number of the next step (steps are numbered across the functions of a module:
+        `first_step` is where the previous function's search stopped)."""
+        self._apart: list[tuple[frozenset[int], frozenset[int]]] = []  # vetoed (see _vetoed)
         for n, op in enumerate(func.body.ops):
             if isinstance(op, ReturnOp):
                 for v in op.operands:
@@ -391,13 +405,18 @@ class Partitioner:
                 pushed.add(key)
                 got = (self._merge_candidate(*args) if kind == "merge"
                        else self._recompute_candidate(*args))
-                if got is not None and got[0] <= self.opts.min_reward:
-                    self._explain("reject", kind, args, got[0], got[1])
-                if got is None or got[0] <= self.opts.min_reward:
+                if got is None:
                     continue
+                priority = -got[0]
+                if got[0] <= self.opts.min_reward:
+                    forced = self.next_step == self.opts.force
+                    self._explain("force" if forced else "reject", kind, args, got[0], got[1])
+                    if not forced:
+                        continue
+                    priority = -math.inf  # taken next, before every positive step
                 versions = tuple(self.groups[x].version for x in involved)
-                heapq.heappush(heap, (-got[0], next(self._seq), kind, args, involved,
-                                      versions, got[1]))
+                heapq.heappush(heap, (priority, next(self._seq), kind, args, involved,
+                                      versions, got[1], got[0]))
 
     # -- the search
 
@@ -407,17 +426,18 @@ class Partitioner:
         pushed: set = set()
         self._push(heap, list(self.groups), pushed)
         while heap:
-            neg, _, kind, args, involved, versions, saved = heapq.heappop(heap)
+            _, _, kind, args, involved, versions, saved, reward = heapq.heappop(heap)
             if any(x not in self.groups for x in involved) or versions != tuple(
                     self.groups[x].version for x in involved):
                 continue
             if kind == "merge":
                 a, b = args
                 if not self.convex_merge(a, b):
-                    self._explain("skip", kind, args, -neg, saved)
+                    self._explain("skip", kind, args, reward, saved)
                     continue
-                self._explain("take", kind, args, -neg, saved)
-                touched = [self._merge(a, b, -neg, saved)]
+                if self._vetoed(kind, args, reward, saved):
+                    continue
+                touched = [self._merge(a, b, reward, saved)]
                 self._contract(a, b, touched[0])
             else:
                 p, g = args
@@ -425,17 +445,36 @@ class Partitioner:
                         r == id(p) and self._reaches(self.group_of[w], g, False)
                         for r, w in self.after):
                     if self.group_of.get(id(p)) is not None:
-                        self._explain("skip", kind, args, -neg, saved)
+                        self._explain("skip", kind, args, reward, saved)
                     continue  # gone, or the copy would have to run after an in-place update
-                self._explain("take", kind, args, -neg, saved)
-                touched = self._recompute(p, g, -neg, saved)
+                if self._vetoed(kind, args, reward, saved):
+                    continue
+                touched = self._recompute(p, g, reward, saved)
                 self._rebuild_graph()
             # every candidate involving a group is found from that group, and candidates of
             # untouched groups keep their rewards (a group's cost depends on it alone)
             self._push(heap, touched, pushed)
 
+    def _vetoed(self, kind: str, args: tuple, reward: float, saved: dict[str, float]) -> bool:
+        """Record a step about to be taken: False to take it, True when `veto` names it or
+        it would put together computes a vetoed step would have (a vetoed merge is not
+        brought about by another route, such as moving the producer into the consumer)."""
+        if kind == "merge":
+            x, y = (frozenset(id(op) for op in self.groups[g].members) for g in args)
+        else:
+            p, g = args
+            x, y = frozenset((id(p),)), frozenset(id(op) for op in self.groups[g].members)
+        vetoed = self.next_step == self.opts.veto
+        if vetoed:
+            self._apart.append((x, y))
+        vetoed = vetoed or any((x & a and y & b) or (x & b and y & a) for a, b in self._apart)
+        self._explain("veto" if vetoed else "take", kind, args, reward, saved)
+        return vetoed
+
     def _explain(self, verdict: str, kind: str, args: tuple, reward: float,
                  saved: dict[str, float]) -> None:
+        index = self.next_step
+        self.next_step += 1
         if not self.opts.explain:
             return
         if kind == "merge":
@@ -443,7 +482,7 @@ class Partitioner:
         else:
             p, g = args
             members = (p, *self.groups[g].members)
-        self.decisions.append(Decision(verdict, kind, members, reward, dict(saved)))
+        self.decisions.append(Decision(verdict, kind, members, reward, dict(saved), index))
 
     def _merge(self, a: int, b: int, reward: float, saved: dict[str, float]) -> int:
         ga, gb = self.groups.pop(a), self.groups.pop(b)

@@ -12,9 +12,11 @@ parameters of `nfc.passes.fusion.device`:
   a bigger one is written and read back through DRAM, and a big input read by several
   stages is read by each of them;
 - compute C: the FLOPs of every stage after inlining (nfc.cost rules), so an inlined
-  producer read many times is paid many times (recomputation);
+  producer read many times is paid many times (recomputation); transcendental functions in
+  elementwise code run at `elementwise_gflops`, every other FLOP at `peak_gflops`;
 - launches K: one kernel call, plus one parallel region per stage big enough for codegen to
-  run it on threads.
+  run it on threads (marked parallel by its schedule and not serialised by the emitter for
+  too little work: `CostModel._parallel`).
 
 `t(g) = T/P_d + C/P_c + launch + regions·region`, and the reward of a merge is
 `t(a) + t(b) - t(a ∪ b) = ΔT/P_d + ΔC/P_c + ΔK·L`.
@@ -33,9 +35,12 @@ from dataclasses import dataclass
 from nfc.contraction import match_contraction
 from nfc.cost import compute_cost
 from nfc.ir import (
+    Binary,
+    Call,
     ComputeOp,
     Expr,
     Load,
+    Select,
     Value,
     loads,
     substitute_indices,
@@ -54,8 +59,10 @@ class GroupCost:
     illegal: str = ""
     """Non-empty when codegen should not compile the group as one kernel (the reason)."""
     elementwise_flops: float = 0.0
-    """The part of `flops` in elementwise code (elementwise stages and inlined producers),
-    which runs at `elementwise_gflops` rather than at the peak."""
+    """The part of `flops` that is transcendental functions (`exp`, `tanh`, ... each one
+    FLOP by nfc.cost) in elementwise code (elementwise stages and inlined producers): a
+    polynomial of about 20 instructions each, run at `elementwise_gflops`; the arithmetic
+    around them runs at the peak like any other vectorised FLOP."""
 
     def seconds(self, dev: DeviceParams) -> float:
         """The optimistic run time on `dev`."""
@@ -225,12 +232,28 @@ class CostModel:
             for v in self._info(op)[0]:
                 if id(v) not in feeders:
                     reads[id(v)] = v.type.nbytes
-        own, inl = (0.0, 0.0) if illegal else self._stage_flops(st, feeders, by_value)
+        own, inl, slow = ((0.0, 0.0, 0.0) if illegal
+                          else self._stage_flops(st, feeders, by_value))
         got = self._stages[key] = _Stage(
-            illegal, own + inl, inl + (own if st.reduce is None else 0.0),
-            int(math.prod(a.extent for a in st.all_axes) >= self.dev.parallel_work),
+            illegal, own + inl, slow,
+            0 if illegal else self._parallel(st, feeders, by_value),
             tuple(reads.items()), st.result.type.nbytes)
         return got
+
+    def _parallel(self, st: ComputeOp, feeders: frozenset[int],
+                  by_value: Mapping[int, ComputeOp]) -> int:
+        """1 when codegen runs stage `st` as a parallel region: its schedule marks it parallel
+        (iteration points, reductions included, of at least `parallel_work`) and the emitter
+        keeps it parallel (estimated work of at least `parallel_min_work`: a store and its
+        value's operations per point, per vector of `vector_lanes`; a loop below that runs
+        serially, nfc.codegen.llvm.parallel)."""
+        points = math.prod(a.extent for a in st.all_axes)
+        if points < self.dev.parallel_work:
+            return 0
+        size = (self._size_with(st, by_value, set(feeders)) if feeders
+                else self._info(st)[1])
+        work = points * (1 + size) / max(1, self.dev.vector_lanes)
+        return int(work >= self.dev.parallel_min_work)
 
     # -- helpers
 
@@ -308,9 +331,10 @@ class CostModel:
         return body
 
     def _stage_flops(self, st: ComputeOp, feeders: frozenset[int],
-                     by_value: Mapping[int, ComputeOp]) -> tuple[float, float]:
+                     by_value: Mapping[int, ComputeOp]) -> tuple[float, float, float]:
         """FLOPs of stage `st` with the producers `feeders` inlined: (its own, the inlined
-        producers' at every evaluation).
+        producers' at every evaluation, the transcendental part of both that runs in
+        elementwise code: of `st`'s own only when it is elementwise).
 
         Composed instead of counted on the inlined expression (which can be large): every
         load of an inlined producer costs that producer's average FLOPs per point, at every
@@ -319,19 +343,23 @@ class CostModel:
         got = self._flops.get(key)
         if got is not None:
             return got
-        own = compute_cost(st).flops if not feeders else self._stage_flops(
-            st, frozenset(), by_value)[0]
-        inl = 0.0
+        if not feeders:
+            own = compute_cost(st).flops
+            own_slow = own * transcendental_share(st.body) if st.reduce is None else 0.0
+        else:
+            own, _, own_slow = self._stage_flops(st, frozenset(), by_value)
+        inl = slow = 0.0
         if feeders:
             points = math.prod(a.extent for a in st.all_axes)
             for tid, weight in self._load_weights(st).items():
                 if tid in feeders:
                     prod = by_value[tid]
                     sub = self._feeders(prod, by_value, set(feeders))
-                    per_point = sum(self._stage_flops(prod, sub, by_value)) / max(
-                        1, math.prod(a.extent for a in prod.dims))
-                    inl += weight * points * per_point
-        got = self._flops[key] = (own, inl)
+                    p_own, p_inl, p_slow = self._stage_flops(prod, sub, by_value)
+                    n = max(1, math.prod(a.extent for a in prod.dims))
+                    inl += weight * points * (p_own + p_inl) / n
+                    slow += weight * points * p_slow / n
+        got = self._flops[key] = (own, inl, own_slow + slow)
         return got
 
     def _load_weights(self, op: ComputeOp) -> dict[int, float]:
@@ -340,6 +368,29 @@ class CostModel:
         if got is None:
             got = self._weights[id(op)] = load_weights(op)
         return got
+
+
+#: Intrinsics the CPU backend evaluates as a polynomial or a library routine (about 20
+#: instructions: `nfc.codegen.llvm.render`'s `_math` rules and `pow`), not one instruction.
+TRANSCENDENTAL = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow",
+                            "softplus", "log1p", "expm1", "atan2"})
+#: Intrinsics that are one or two vector instructions.
+CHEAP_CALLS = frozenset({"max", "min", "abs", "isfinite"})
+
+
+def transcendental_share(body: Expr) -> float:
+    """The share of `body`'s float operations that are transcendental functions, counted on
+    the expression (an unknown intrinsic counts as transcendental)."""
+    slow = other = 0
+    for e in body.walk():
+        if isinstance(e, Call):
+            if e.fn in CHEAP_CALLS:
+                other += 1
+            else:
+                slow += 1
+        elif isinstance(e, (Binary, Select)):
+            other += 1
+    return slow / (slow + other) if slow else 0.0
 
 
 def load_weights(op: ComputeOp) -> dict[int, float]:

@@ -90,6 +90,7 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError("the model has no train_step (it needs `minimize <loss> with ...`)")
     t_front = time.perf_counter() - t0
     rec["tuning"] = ctx.remarks.get("apply-tuning", "not used")
+    rec["fuse"] = ctx.remarks.get("fuse", "not used")  # the reward's device parameters
     use_cache = bool(spec.get("use_cache"))
     # Only train_step is timed, so only it is built; but the library cache keys a module
     # without the function list, so a cached build must hold every function.

@@ -24,7 +24,8 @@ nf.func @forward(%x: tensor<256x256xf32>, %b: tensor<256xf32>) -> (tensor<256x25
   nf.return %r : tensor<256x256xf32>
 }
 """
-LINE = re.compile(r"^fuse: @(\w+): (take|reject|skip) (merge|recompute) ((?:%\w+ ?)+): "
+LINE = re.compile(r"^fuse: @(\w+): #(\d+) (take|reject|skip|veto|force) (merge|recompute) "
+                  r"((?:%\w+ ?)+): "
                   r"R=([-+][0-9.]+)us dT=([-+][0-9]+)B dC=([-+][0-9]+)FLOP "
                   r"dK=([-+][0-9]+) kernels ([-+][0-9]+) regions$")
 
@@ -35,13 +36,14 @@ def test_explain_lines_are_structured(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "nfc", "opt", str(f), "-p",
                           "fuse{explain=true}"], capture_output=True, text=True, check=True)
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("fuse: ")]
-    assert lines[0] == "fuse: @forward: device parameters: options"
+    assert lines[0] == "fuse: @forward: device parameters: built-in constants"
     steps = [LINE.match(ln) for ln in lines[1:]]
     assert steps and all(steps), lines
-    taken = [m for m in steps if m and m.group(2) == "take"]
-    assert taken and all(float(m.group(5)) > 0 for m in taken)
-    assert all(float(m.group(5)) <= 0 for m in steps if m and m.group(2) == "reject")
-    assert {n for m in taken for n in m.group(4).split()} >= {"%y", "%z", "%r"}
+    assert [int(m.group(2)) for m in steps if m] == list(range(len(steps)))
+    taken = [m for m in steps if m and m.group(3) == "take"]
+    assert taken and all(float(m.group(6)) > 0 for m in taken)
+    assert all(float(m.group(6)) <= 0 for m in steps if m and m.group(3) == "reject")
+    assert {n for m in taken for n in m.group(5).split()} >= {"%y", "%z", "%r"}
 
 
 def test_measured_params_replace_defaults_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,16 +52,26 @@ def test_measured_params_replace_defaults_only(monkeypatch: pytest.MonkeyPatch) 
     dev, source = Fuse(params="measured", peak_gflops=99.0).resolve_device()
     assert source == "measured"
     assert (dev.bandwidth_gbs, dev.peak_gflops, dev.launch_us) == (7.0, 99.0, 0.5)
-    assert Fuse().resolve_device() == (DEFAULT_DEVICE, "options")
+    assert Fuse().resolve_device() == (DEFAULT_DEVICE, "built-in constants")
+    assert Fuse(params="builtin").resolve_device() == (DEFAULT_DEVICE, "built-in constants")
     ctx = Context()
     Fuse(params="measured").apply(ctx, parse_module(SRC, "m.nfir"))
     assert ctx.remarks["fuse"].startswith("device parameters: measured (bandwidth-gbs=7.0")
+    # what the build gives in the context wins over the provider; `builtin` ignores both
+    given = DeviceParams(bandwidth_gbs=3.0)
+    ctx = Context(device_params=given)
+    assert Fuse().resolve_device(ctx) == (given, "measured")
+    assert Fuse(params="measured").resolve_device(ctx) == (given, "measured")
+    assert Fuse(params="builtin").resolve_device(ctx) == (DEFAULT_DEVICE, "built-in constants")
 
 
 def test_nothing_measured_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fusion, "measured_device_params", lambda: None)
     dev, source = Fuse(params="measured").resolve_device()
-    assert dev == DEFAULT_DEVICE and source.startswith("options")
+    assert dev == DEFAULT_DEVICE and source == (
+        "built-in constants (nothing measured on this machine)")
+    dev, source = Fuse(params="measured", launch_us=1.0).resolve_device()
+    assert dev.launch_us == 1.0 and source == "options (nothing measured on this machine)"
 
 
 def test_cached_provider_reads_only_the_cache(tmp_path: Path) -> None:
