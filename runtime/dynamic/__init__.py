@@ -9,6 +9,7 @@ built with them into the running training loop at a step boundary. See docs/dyna
 | `verify.py` | a step of both libraries on copies of a live state, compared (child process) |
 | `explorer.py` | the background process: rank kernels, search, build candidates, verify, offer |
 | `session.py` | the trainer's side: start, poll offers, swap, log, account time, stop |
+| `plot.py` | `nfc train --plot-steps`: the step time over a run, swaps marked |
 """
 
 from typing import Any

@@ -86,30 +86,70 @@ def max_reduction_terms(module: Any) -> int:
     return best
 
 
+def _defaults(kernels: Any) -> dict[str, dict[str, Any]]:
+    """key -> the default schedule (canonical axis names) of each kernel that has a space."""
+    from nfc.codegen.kernel_spec import space as space_of
+    from nfc.runtime.tuning.kernels import kernel_spec
+
+    out = {}
+    for k in kernels:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            out[k.key] = dict(space_of(kernel_spec(k)).default())
+    return out
+
+
+def kernel_name(k: Any) -> str:
+    """A short name of a kernel for the swap lines: kind, sizes and where the model makes it
+    (`gemm 16x24/32 at mlp.nf:12:8`)."""
+    where = f" at {os.path.basename(k.locs[0])}" if getattr(k, "locs", None) else ""
+    return k.desc.split(" (")[0].removesuffix(" f32").removesuffix(" f64") + where
+
+
+def kernel_change(k: Any, cache: Any, category: Any, old: Mapping[str, Any] | None,
+                  new: Mapping[str, Any], default_s: float | None) -> dict[str, Any]:
+    """One kernel of a candidate: its name and the measured time of one call with the
+    running library's schedule (`before_ms`; the default's when it had none) and with the
+    candidate's (`after_ms`), both as the tuning cache recorded them (None when unknown)."""
+    def ms(schedule: Mapping[str, Any] | None) -> float | None:
+        entry = cache.lookup(category, k.key, schedule) if schedule is not None else None
+        t = entry.time if entry is not None else None
+        return None if t is None else t * 1e3
+
+    before = ms(old)
+    if before is None and default_s is not None:
+        before = default_s * 1e3
+    return {"key": k.key, "name": kernel_name(k), "before_ms": before, "after_ms": ms(new)}
+
+
+def rank_kernels(module: Any, order: str = "auto") -> tuple[list[Any], dict[str, float], str]:
+    """The kernels of the module's training step, largest share of the step first, their
+    times per step (seconds by key) and how they were estimated (nfc tune's `--order`)."""
+    from nfc.runtime.tuning.driver import estimate_kernel_times, training_functions
+    from nfc.runtime.tuning.kernels import collect_kernels
+
+    functions = training_functions(module)
+    kernels = collect_kernels(module, functions)
+    times, how = estimate_kernel_times(module, functions, kernels, order)
+    kernels.sort(key=lambda k: -times[k.key])
+    return kernels, times, how
+
+
 def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
     """Search the most expensive kernels one after another (`rounds` passes, each doubling
     the trials); after each, a library with the cache's best schedules when they changed."""
     from nfc.runtime.dynamic.verify import tolerance
     from nfc.runtime.tuning.cache import TuningCache
     from nfc.runtime.tuning.category import default_category
-    from nfc.runtime.tuning.driver import (
-        TuneOptions,
-        build_model,
-        estimate_kernel_times,
-        training_functions,
-        tune_kernel,
-    )
-    from nfc.runtime.tuning.kernels import collect_kernels, schedules_from_cache
+    from nfc.runtime.tuning.driver import TuneOptions, build_model, tune_kernel
+    from nfc.runtime.tuning.kernels import schedules_from_cache
     from nfc.runtime.tuning.measure import MeasureSetupError
 
     module = build_model(job["source"], job.get("settings", []), job.get("pipeline"),
                          im2col=job.get("im2col", True), **_which(job))
-    functions = training_functions(module)
-    kernels = collect_kernels(module, functions)
-    times, how = estimate_kernel_times(module, functions, kernels, "auto")
+    kernels, times, how = rank_kernels(module, job.get("order", "auto"))
     total = sum(times.values()) or 1.0
-    kernels.sort(key=lambda k: -times[k.key])
     chosen = [k for k in kernels if k.tunable][: int(job.get("top", 4))]
+    by_key = {k.key: k for k in kernels}
     log({"event": "ranked", "by": how, "kernels": [
         {"key": k.key, "desc": k.desc[:80], "share": times[k.key] / total} for k in chosen]})
     rtol = tolerance(max_reduction_terms(module))
@@ -119,7 +159,10 @@ def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
                           population=int(job.get("population", 8)), patience=3)
     category = default_category()
     with TuningCache(job.get("db") or None) as cache:
-        offered = schedules_from_cache(kernels, cache, category, reproducible=reproducible)
+        # what the running library has: the cache's best, else the default schedule (a
+        # search that finds the default best changes nothing)
+        offered = {**_defaults(chosen),
+                   **schedules_from_cache(kernels, cache, category, reproducible=reproducible)}
         rounds = max(1, int(job.get("rounds", 2)))
         work = [(r, k) for r in range(rounds) for k in chosen]
         for n, (r, k) in enumerate(work):
@@ -142,6 +185,9 @@ def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
             changed = [key for key in table if table[key] != offered.get(key)]
             if not changed:
                 continue
+            details = [kernel_change(by_key[key], cache, category, offered.get(key),
+                                     table[key], res.default_time if key == k.key else None)
+                       for key in changed if key in by_key]
             out = str(Path(job["workdir"]) / f"candidate-{n}.so")
             try:
                 build_candidate(job, out)
@@ -152,7 +198,7 @@ def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
             offered = table
             yield {"path": out, "kernels": len(changed), "rtol": rtol,
                    "note": f"after searching {k.desc[:60]}", "category": category,
-                   "schedules": {key: table[key] for key in changed}}
+                   "schedules": {key: table[key] for key in changed}, "changes": details}
 
 
 def given_libraries(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
@@ -164,7 +210,7 @@ def given_libraries(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
         yield {"path": item["path"], "kernels": int(item.get("kernels", 1)),
                "rtol": float(item.get("rtol", job.get("rtol", 1e-5))),
                "note": item.get("note", "given"), "category": item.get("category"),
-               "schedules": item.get("schedules")}
+               "schedules": item.get("schedules"), "changes": item.get("changes")}
 
 
 def _resolve(path: str) -> Callable[..., Iterator[Candidate]]:
@@ -256,7 +302,8 @@ def run(job: Mapping[str, Any]) -> None:
             _record_rejection(job, cand, verdict)
             continue
         offers += 1
-        offer = {"path": path, "kernels": cand.get("kernels", 0), "note": cand.get("note", "")}
+        offer = {"path": path, "kernels": cand.get("kernels", 0), "note": cand.get("note", ""),
+                 "changes": cand.get("changes") or []}
         tmp = work / f".offer-{offers:04d}.tmp"
         tmp.write_text(json.dumps(offer))
         os.replace(tmp, work / f"offer-{offers:04d}.json")

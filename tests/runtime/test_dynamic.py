@@ -88,11 +88,24 @@ def _check_training(res):
 def test_offered_library_is_verified_and_used_from_the_next_step():
     good = _good()
     seen: dict[int, str] = {}
+    cores: dict[int, set[int]] = {}
+    everything = os.sched_getaffinity(0)
+
+    def watch(s, step):
+        seen[step] = s.step.path
+        cores[step] = os.sched_getaffinity(0)
+
     res = train(_config(candidates=GIVEN, libraries=({"path": good, "kernels": 3},),
-                        settle_at_step=5,
-                        on_step=lambda s, step: seen.__setitem__(step, s.step.path)))
+                        settle_at_step=5, on_step=watch))
     _check_training(res)
     assert [s["step"] for s in res.dynamic.swaps] == [5]
+    # the explorer finished at step 5: from there training has every core back
+    assert res.dynamic.explorer_done_step == 5 and cores[STEPS] == everything
+    # the baseline steps (before the explorer starts, at step 5 at the latest) run on every
+    # core
+    assert cores[1] == everything and res.dynamic.baseline_ms is not None
+    if len(everything) > 1:
+        assert cores[5] < everything and res.dynamic.threads_after == 1
     assert res.dynamic.swaps[0]["kernels"] == 3 and not res.dynamic.rejected
     assert seen[5] != good and all(seen[s] == good for s in range(6, STEPS + 1))
     losses, tensors = _static()
@@ -129,12 +142,12 @@ def test_a_killed_explorer_does_not_stop_training():
     logs: list[str] = []
 
     def kill(session, step):
-        if step == 4:
+        if session.proc is not None and session.proc.returncode is None:
             os.kill(session.proc.pid, signal.SIGKILL)
             session.proc.wait()
 
     cfg = _config(candidates=GIVEN, libraries=({"path": _good(), "delay": 600},),
-                  on_step=kill, poll_seconds=0.0)
+                  on_step=kill, poll_seconds=0.0, baseline_seconds=0.0)
     cfg.log = logs.append
     res = train(cfg)
     _check_training(res)
@@ -166,15 +179,22 @@ def test_compat_and_compare_units():
 def test_cli_dynamic_run_with_the_real_tuner_completes():
     env = dict(os.environ, NFC_CACHE_DIR=str(_cache_dir()))
     cmd = [sys.executable, "-m", "nfc", "train", MODEL, *[f"--set={s}" for s in TINY],
-           "--data", "synthetic", "--max-steps", "30", "--no-eval", "--mode", "dynamic",
+           "--data", "synthetic", "--max-steps", "80", "--no-eval", "--mode", "dynamic",
            "--explore-threads", "1", "--quiet"]
     out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "steps: 30 " in out.stdout
+    assert "steps: 80 " in out.stdout
     assert "dynamic: training" in out.stdout and "exploring" in out.stdout
+    # the explorer started after the baseline steps (at most 50 of them)
+    assert "dynamic: exploring cost training" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "nfc", "train", MODEL, "--explore-threads",
                           "2"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--mode dynamic" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "nfc", "train", MODEL, "--mode", "dynamic",
+                          "--explore-budget", "ten"], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 1 and "--explore-budget" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_a_candidate_that_corrupts_memory_is_rejected():
@@ -215,3 +235,119 @@ def test_real_search_to_the_end_offers_only_verified_libraries():
     if res.dynamic.swaps:
         assert seen[4] != seen[3]
     np.testing.assert_allclose(res.losses, _static()[0], rtol=1e-3)
+
+
+# -- the exploration budget (`--explore-budget`): injected step times, no clock ---------------
+
+
+def test_budget_accounting_stops_when_cost_exceeds_win_plus_allowance():
+    from nfc.runtime.dynamic.session import ExploreBudget
+
+    # static step 10 ms, 100 planned steps, 10%: the allowance is 0.1 s
+    b = ExploreBudget(0.010, 0.10, planned_steps=100)
+    assert b.allowance() == pytest.approx(0.1)
+    for i in range(6):  # 25 ms while exploring: 15 ms of cost a step
+        b.step(0.025, 5 + i)
+        assert not b.over(), (i, b.cost)  # 6 x 15 ms = 90 ms <= 100 ms
+    b.step(0.025, 11)
+    assert b.over() and b.cost == pytest.approx(0.105) and b.win == 0.0
+
+    # a swap that halves the step: from then each step wins 5 ms against the first library
+    # and costs its excess over the new library's static time (5 ms)
+    b = ExploreBudget(0.010, 0.10, planned_steps=100)
+    for i in range(6):
+        b.step(0.025, 5 + i)
+    b.swapped(25.0, 12.5)
+    assert b.scale == pytest.approx(0.5)
+    for i in range(3):
+        b.step(0.0125, 11 + i)  # 7.5 ms cost, 5 ms win a step
+    # cost alone (112.5 ms) is over the allowance; what the swap won keeps it going
+    assert b.cost == pytest.approx(0.1125) and b.win == pytest.approx(0.015)
+    assert b.cost > b.allowance() and not b.over()
+    b.step(0.0125, 14)
+    b.step(0.0125, 15)  # cost 127.5 ms > win 25 ms + allowance 100 ms
+    assert b.over()
+
+    # a faster step than the static one pays back; no budget never stops; unknown length:
+    # the allowance is the elapsed steps' share
+    b = ExploreBudget(0.010, 0.10)
+    b.step(0.030, 10)
+    assert b.allowance() == pytest.approx(0.01) and b.over()
+    b.step(0.0, 11)
+    assert not b.over()
+    b = ExploreBudget(0.010, None)
+    for i in range(100):
+        b.step(1.0, i)
+    assert not b.over()
+
+
+def test_parse_budget():
+    from nfc.runtime.dynamic.session import parse_budget
+
+    assert parse_budget("10%") == pytest.approx(0.1) and parse_budget("0.25") == 0.25
+    assert parse_budget("none") is None and parse_budget("0") == 0.0
+    for bad in ("-5%", "ten", "nan"):
+        with pytest.raises(ValueError, match="explore-budget"):
+            parse_budget(bad)
+
+
+def _budget_run(exploring_s: float, budget: float | None = 0.10):
+    """A run whose explorer never finishes (its one candidate waits 600 s), with the step
+    times the budget sees injected: 10 ms for 4 baseline steps, `exploring_s` after."""
+    import json
+
+    metrics = scratch("dynamic-budget") / f"m-{exploring_s}-{budget}.jsonl"
+    metrics.unlink(missing_ok=True)
+    logs: list[str] = []
+    procs = []
+    cores: dict[int, set[int]] = {}
+
+    def watch(s, step):
+        procs.append(s.proc)
+        cores[step] = os.sched_getaffinity(0)
+
+    cfg = _config(candidates=GIVEN, libraries=({"path": _good(), "delay": 600},),
+                  budget=budget, poll_seconds=0.0, on_step=watch, baseline_steps=4,
+                  baseline_seconds=0.0,
+                  step_time=lambda step, s: 0.010 if step <= 4 else exploring_s)
+    cfg.metrics, cfg.log, cfg.progress = str(metrics), logs.append, True
+    res = train(cfg)
+    _check_training(res)
+    events = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return res, events, logs, procs[-1], cores
+
+
+def test_budget_stops_the_explorer_when_exploring_costs_too_much():
+    # allowance 10% x 40 planned steps x 10 ms = 40 ms; 15 ms of cost a step from step 5:
+    # 45 ms > 40 ms after step 7
+    res, events, logs, proc, cores = _budget_run(0.025)
+    d = res.dynamic
+    assert d.explore_stopped_step == 7 and d.explorer_done_step == 7
+    assert d.baseline_ms == pytest.approx(10.0)
+    assert d.explore_cost_s == pytest.approx(0.045) and d.explore_win_s == 0.0
+    assert d.explore_allowance_s == pytest.approx(0.04)
+    assert proc.returncode is not None  # stopped at step 7, not only at the run's end
+    assert cores[STEPS] == os.sched_getaffinity(0)
+    if len(cores[STEPS]) > 1:
+        assert cores[6] < cores[STEPS] and cores[8] == cores[STEPS]
+    stop = [e for e in events if e.get("event") == "explore_stopped"]
+    assert len(stop) == 1 and stop[0]["step"] == 7
+    assert stop[0]["cost_s"] == pytest.approx(0.045) and stop[0]["allowance_s"] > 0
+    assert any("exploration stopped" in x for x in logs), logs
+    assert not any("background exploration stopped" in x for x in logs)  # no warning
+    assert any("exploration stopped at step 7" in x for x in d.lines())
+    assert res.losses == _static()[0]
+
+
+def test_budget_does_not_stop_an_explorer_within_the_allowance():
+    # 0.5 ms of cost a step x 36 steps = 18 ms <= 40 ms: explores to the end; likewise
+    # 15 ms a step with no budget
+    for exploring_s, budget in ((0.0105, 0.10), (0.025, None)):
+        res, events, logs, proc, cores = _budget_run(exploring_s, budget)
+        d = res.dynamic
+        assert d.explore_stopped_step is None and d.explorer_done_step is None, d
+        assert d.explore_cost_s == pytest.approx((exploring_s - 0.010) * (STEPS - 4))
+        assert not any(e.get("event") == "explore_stopped" for e in events)
+        assert any(e.get("event") == "explore_start" and e["step"] == 4 for e in events)
+        if len(cores[STEPS]) > 1:
+            assert cores[STEPS] < os.sched_getaffinity(0)  # pinned until the end
