@@ -5,6 +5,7 @@
     nfc train model.nf --data digits --checkpoint ckpt/ --every 50      # later: --resume
     nfc train model.nf --data mnist1d --profile --trace trace.json --threads 2
     nfc train examples/models/lstm_lm.nf --max-steps 200    # --data auto: text, next chars
+    nfc train examples/mlp.nf --workers 2 --batch 64        # data-parallel: 2 MPI ranks
 
 Data sets: digits (scikit-learn), mnist1d (pip install mnist1d), text (Python's docs),
 synthetic; `auto` (the default) picks the one that fits the model's inputs: digits for float
@@ -93,6 +94,44 @@ def add_parser(subparsers: Any) -> None:
                    "training is pinned to the others; 0: no search)")
     p.add_argument("--reproducible", action="store_true",
                    help="with --mode dynamic: only bitwise-reproducible schedules")
+    p.add_argument("--explore-budget", default=None, metavar="PCT",
+                   help="with --mode dynamic: stop the search once it has cost training more "
+                   "than its swaps won plus PCT of the run's training time (default 10%%; "
+                   "a fraction such as 0.1 also works; none: never stop it)")
+    p.add_argument("--explore-trials", type=int, default=None, metavar="N",
+                   help="with --mode dynamic: candidates per kernel in the first search "
+                   "round (default 24; later rounds double it)")
+    p.add_argument("--explore-top", type=int, default=None, metavar="K",
+                   help="with --mode dynamic: kernels searched, largest share first "
+                   "(default 4)")
+    p.add_argument("--plot-steps", metavar="FILE.png",
+                   help="plot the step time over the run (swaps marked in dynamic mode)")
+    g = p.add_argument_group("data-parallel training (under mpiexec; docs/distributed.md)")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run on N local MPI ranks (mpiexec -n N nfc train ...); --batch is "
+                   "per rank")
+    g.add_argument("--bucket-kb", type=int, default=25600, metavar="KB",
+                   help="gradient bucket size of the all-reduce (default 25600)")
+    g.add_argument("--compress", choices=("none", "fp16", "bf16"), default="none",
+                   help="send gradients in 16 bits with error feedback (default none)")
+    g.add_argument("--bn", choices=("local", "sync"), default="local",
+                   help="batch-norm running statistics per rank (local) or averaged (sync)")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="run each all-reduce at its op instead of during the rest of the "
+                   "backward")
+    p.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
+                   help="bf16/f16: mixed precision, matmuls and convolutions read 16-bit "
+                   "operands and sum in f32, weights and optimizer state stay f32 (the "
+                   "precision pass, docs/performance.md; default f32)")
+    p.add_argument("--memory-budget", default=None, metavar="BYTES",
+                   help="fit the training step's peak memory in BYTES (200MB, 1.5GiB) or a "
+                        "percentage of its peak (50%%) by recomputing and reordering "
+                        "(the remat pass, docs/memory.md)")
+    p.add_argument("--compress-activations", nargs="?", const="masks", default=None,
+                   choices=("masks", "bf16", "f16"),
+                   help="keep saved activations smaller: ReLU masks as booleans (masks, "
+                        "exact: the default of the flag), plus the weight gradients' saved "
+                        "inputs in bf16 or f16 (lossy); docs/memory.md")
     add_model_argument(p)
     add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
@@ -103,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from nfc.runtime.build import SettingError, pipeline_for
     from nfc.runtime.checkpoint import CheckpointError
     from nfc.runtime.data import DataError
+    from nfc.runtime.distributed import DistributedError, launched_rank
     from nfc.runtime.loader import ArtifactError
     from nfc.runtime.train import TrainConfig, TrainError, train
 
@@ -113,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
     epochs = args.epochs or (UNTIL_MAX_STEPS if args.max_steps else 1)
     flags = build_flags(args)
     pm_options = pass_manager_options(args)
+    if args.precision != "f32":  # mixed precision: the precision pass joins the pipeline
+        args.pipeline = _precision_pipeline(args, flags)
+    if args.memory_budget is not None or args.compress_activations is not None:
+        args.pipeline = _memory_budget_pipeline(args, flags)  # remat / compress-activations
     if args.print_pipeline or args.pipeline is not None:
         from nfc.codegen.artifact.container import is_library_path
 
@@ -123,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         if args.print_pipeline:
             print(pipeline)
             return 0
+    if args.workers is not None:
+        return _launch_workers(args)
     if args.every < 0:
         raise UsageError("--every must be >= 0")
     if args.keep < 0:
@@ -138,12 +184,30 @@ def run(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, use_cache=not args.no_cache, keep=args.keep,
         pipeline=args.pipeline, **flags, **pm_options, time_passes=args.time_passes,
         model=args.model,
-        evaluate=not args.no_eval, mode=args.mode, dynamic=_dynamic_options(args))
+        evaluate=not args.no_eval, mode=args.mode, dynamic=_dynamic_options(args),
+        distributed=_dist_options(args))
+    steps_metrics = None
+    if args.plot_steps and not args.metrics:  # the plot reads the step times from metrics
+        import tempfile
+
+        fd, steps_metrics = tempfile.mkstemp(prefix="nfc-steps-", suffix=".jsonl")
+        os.close(fd)
+        cfg.metrics = steps_metrics
     try:
         with _sleeping_omp_threads():
             res = train(cfg)
-    except (TrainError, DataError, ArtifactError, SettingError, CheckpointError) as exc:
+        if args.plot_steps:
+            from nfc.runtime.dynamic.plot import plot_step_times
+
+            plot_step_times(cfg.metrics, args.plot_steps)
+    except (TrainError, DataError, ArtifactError, SettingError, CheckpointError,
+            DistributedError) as exc:
         raise UsageError(str(exc)) from None
+    finally:
+        if steps_metrics is not None:
+            os.unlink(steps_metrics)
+    if launched_rank() > 0:  # data-parallel: rank 0 reports
+        return 0
     losses = res.losses
     how = "cached" if res.cached else "built"
     print(f"data: {res.data_note or res.data}")
@@ -172,17 +236,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dist_options(args: argparse.Namespace) -> Any:
+    from nfc.runtime.distributed import DistOptions
+
+    if args.bucket_kb < 1:
+        raise UsageError("--bucket-kb must be at least 1")
+    return DistOptions(bucket_kb=args.bucket_kb, compress=args.compress, bn=args.bn,
+                       overlap=not args.no_overlap)
+
+
+def _launch_workers(args: argparse.Namespace) -> int:
+    """`--workers N`: this command again under `mpiexec -n N`, without `--workers`."""
+    from nfc.runtime.distributed import DistributedError, launch, launched_size
+
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    if launched_size() > 1:
+        raise UsageError("--workers launches mpiexec itself; under mpiexec leave it out")
+    if "train" not in sys.argv:
+        raise UsageError("--workers relaunches this command line: run it as `nfc train ...`")
+    argv = list(sys.argv[sys.argv.index("train"):])
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--workers":
+            skip = True
+        elif not a.startswith("--workers="):
+            out.append(a)
+    try:
+        return launch(args.workers, out, threads=args.threads)
+    except DistributedError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _dynamic_options(args: argparse.Namespace) -> Any:
+    budget = {k: v for k, v in (("trials", args.explore_trials), ("top", args.explore_top))
+              if v is not None}
     if args.mode != "dynamic":
-        if args.explore_threads != 1 or args.reproducible:
-            raise UsageError("--explore-threads and --reproducible apply to --mode dynamic")
+        if args.explore_threads != 1 or args.reproducible or budget \
+                or args.explore_budget is not None:
+            raise UsageError("--explore-threads, --explore-trials, --explore-top, "
+                             "--explore-budget and --reproducible apply to --mode dynamic")
         return None
     if args.explore_threads < 0:
         raise UsageError("--explore-threads must be >= 0")
+    if any(v < 1 for v in budget.values()):
+        raise UsageError("--explore-trials and --explore-top must be >= 1")
     from nfc.runtime.dynamic import DynamicOptions
 
+    if args.explore_budget is not None:
+        from nfc.runtime.dynamic.session import parse_budget
+
+        try:
+            budget["budget"] = parse_budget(args.explore_budget)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     return DynamicOptions(explore_threads=args.explore_threads, reproducible=args.reproducible,
-                          seed=args.seed)
+                          seed=args.seed, **budget)
 
 
 @contextlib.contextmanager
@@ -216,3 +328,37 @@ def _compare_torch(res: Any, threads: int) -> None:
           f"on {cmp.threads} thread(s): nfc is {cmp.torch_s / cmp.nfc_s:.2f}x PyTorch's speed "
           f"(same batch, same initial parameters: loss {cmp.nfc_loss:.6f} vs "
           f"{cmp.torch_loss:.6f})")
+
+
+def _precision_pipeline(args: argparse.Namespace, flags: dict[str, bool]) -> str:
+    """The pipeline with the `precision` pass for `--precision` (nfc.passes.precision)."""
+    from nfc.codegen.artifact.container import is_library_path
+    from nfc.passes.precision import with_precision
+    from nfc.runtime.build import pipeline_for
+
+    if is_library_path(args.file):
+        raise UsageError(f"'{args.file}' is already compiled: --precision applies to model "
+                         "files")
+    return with_precision(pipeline_for(args.file, args.pipeline, **flags), args.precision)
+
+
+def _memory_budget_pipeline(args: argparse.Namespace, flags: dict[str, bool]) -> str:
+    """The pipeline with `compress-activations` for `--compress-activations` and
+    `remat{peak=...}` for `--memory-budget` (nfc.passes.compress, nfc.passes.remat)."""
+    from nfc.codegen.artifact.container import is_library_path
+    from nfc.passes.compress import with_compression
+    from nfc.passes.remat import with_memory_budget
+    from nfc.runtime.build import pipeline_for
+
+    if is_library_path(args.file):
+        raise UsageError(f"'{args.file}' is already compiled: --memory-budget and "
+                         "--compress-activations apply to model files")
+    pipeline = pipeline_for(args.file, args.pipeline, **flags)
+    if args.compress_activations is not None:
+        pipeline = with_compression(pipeline, args.compress_activations)
+    if args.memory_budget is None:
+        return pipeline
+    try:
+        return with_memory_budget(pipeline, args.memory_budget)
+    except ValueError as exc:
+        raise UsageError(f"--memory-budget: {exc}") from None

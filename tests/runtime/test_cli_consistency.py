@@ -4,6 +4,7 @@ the help hold."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -70,9 +71,58 @@ def test_unknown_model_is_a_located_error(two_models, capsys):
 
 
 def test_model_flag_is_shared(two_models):
-    for name in ("opt", "compile", "train", "run", "stats"):
+    for name in ("opt", "compile", "train", "run", "stats", "tune", "bench"):
         args = build_parser().parse_args([name, str(two_models), "--model", "wide"])
         assert args.model == "wide", name
+        sub = _subparsers()[name]
+        flag = next(a for a in sub._actions if "--model" in a.option_strings)
+        assert flag.metavar == "NAME" and "several" in flag.help, name
+
+
+# `nfc tune` and `nfc bench` give the errors of the other commands, before any work
+@pytest.mark.parametrize("command", [["tune", "--mode", "heuristic", "--quiet"],
+                                     ["bench", "--frameworks", "nfc"]])
+def test_tune_and_bench_need_model_for_several(two_models, tmp_path, capsys, command):
+    db = ["--db", str(tmp_path / "t.sqlite")] if command[0] == "tune" else []
+    assert main([command[0], str(two_models), *command[1:], *db]) == 1
+    err = capsys.readouterr().err
+    assert "has several models (small, wide); choose one with --model NAME" in err
+    assert re.search(r"two\.nf:10:1: error:", err), err
+    assert main([command[0], str(two_models), *command[1:], *db, "--model", "smal"]) == 1
+    err = capsys.readouterr().err
+    assert "no model named 'smal'" in err and "did you mean 'small'" in err, err
+    assert re.search(r"two\.nf:2:1: error:", err), err
+    assert not (tmp_path / "t.sqlite").exists()  # refused before the cache was opened
+
+
+@pytest.mark.parametrize(("model", "shape"), [("small", "3x2"), ("wide", "3x5")])
+def test_tune_model_chooses_one(two_models, tmp_path, capsys, model, shape):
+    assert main(["tune", str(two_models), "--model", model, "--mode", "heuristic", "--quiet",
+                 "--db", str(tmp_path / "t.sqlite")]) == 0
+    out = capsys.readouterr().out
+    other = {"3x2": "3x5", "3x5": "3x2"}[shape]
+    assert f"gemm {shape}/2 f32" in out and other not in out, out
+
+
+def test_bench_model_with_all_is_refused(capsys):
+    assert main(["bench", "--all", "--model", "small"]) == 1
+    assert "--model chooses the model of the files given" in capsys.readouterr().err
+
+
+def test_bench_model_chooses_one(two_models, tmp_path, capsys):
+    import numpy as np
+
+    assert main(["bench", str(two_models), "--model", "wide", "--print-pipeline"]) == 0
+    assert "apply-tuning" in capsys.readouterr().out
+    out = tmp_path / "b.jsonl"
+    assert main(["bench", str(two_models), "--model", "wide", "--frameworks", "nfc",
+                 "--threads", "1", "--quick", "--min-time", "0.01", "--min-steps", "1",
+                 "--json", str(out), "--keep", str(tmp_path / "work")]) == 0
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["model"] == "wide" and rec["status"] == "ok", rec
+    # the case file holds the chosen model's parameters: v (3x5), not small's w
+    with np.load(tmp_path / "work" / "wide" / "case.npz") as z:
+        assert z["param:v"].shape == (3, 5) and "param:w" not in z.files
 
 
 def test_compile_model_python_api(two_models):
@@ -94,7 +144,8 @@ def test_stats_takes_function_and_the_old_func(two_models, capsys):
 
 # ---- help text -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", ["opt", "compile", "train", "run", "stats", "bench"])
+@pytest.mark.parametrize("command", ["opt", "compile", "train", "run", "stats", "bench",
+                                     "tune"])
 def test_every_option_has_help(command):
     sub = _subparsers()[command]
     missing = [a.option_strings for a in sub._actions
