@@ -32,10 +32,12 @@ from typing import Any
 
 from nfc.cli import UsageError
 from nfc.cli.pipeline_args import (
+    add_build_option_arguments,
     add_build_pipeline_arguments,
     add_model_argument,
     build_flags,
     pass_manager_options,
+    with_build_options,
 )
 
 EMITS = ("so", "ir", "loops", "llvm", "header", "cuda", "cuda-loops")
@@ -63,19 +65,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--db", metavar="PATH",
                    help="tuning cache file the apply-tuning pass reads (default: "
                         "$NFC_CACHE_DIR/tuning.sqlite, as nfc tune --db)")
-    p.add_argument("--memory-budget", default=None, metavar="BYTES",
-                   help="fit the training step's peak memory in BYTES (200MB, 1.5GiB) or a "
-                        "percentage of its peak (50%%) by recomputing and reordering "
-                        "(the remat pass, docs/memory.md); an error names the smallest "
-                        "feasible budget")
-    p.add_argument("--compress-activations", nargs="?", const="masks", default=None,
-                   choices=("masks", "bf16", "f16"),
-                   help="keep saved activations smaller: ReLU masks as booleans (masks, "
-                        "exact: the default of the flag), plus the weight gradients' saved "
-                        "inputs in bf16 or f16 (lossy); docs/memory.md")
-    p.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
-                   help="bf16/f16: matmuls and convolutions read 16-bit operands and sum in "
-                   "f32 (the precision pass, as nfc train --precision; default f32)")
+    add_build_option_arguments(p)
     add_model_argument(p)
     add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
@@ -144,21 +134,7 @@ def _pipeline(args: argparse.Namespace, src: Path) -> str:
 
     pipeline = ",".join(p for p in [pipeline_for(src, args.pipeline, **build_flags(args)),
                                      *args.passes] if p)
-    if args.precision != "f32":
-        from nfc.passes.precision import with_precision
-
-        pipeline = with_precision(pipeline, args.precision)
-    if args.compress_activations is not None:
-        from nfc.passes.compress import with_compression
-
-        pipeline = with_compression(pipeline, args.compress_activations)
-    if args.memory_budget is not None:
-        from nfc.passes.remat import with_memory_budget
-
-        try:
-            pipeline = with_memory_budget(pipeline, args.memory_budget)
-        except ValueError as exc:
-            raise UsageError(f"--memory-budget: {exc}") from None
+    pipeline = with_build_options(pipeline, args)
     if args.db is None:
         return pipeline
     passes = build_pipeline(pipeline)

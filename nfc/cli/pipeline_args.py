@@ -93,3 +93,49 @@ def build_flags(args: argparse.Namespace) -> dict[str, bool]:
     """`im2col`, `tuning`, `fuse` as `nfc.runtime.build.pipeline_for` takes them (a flag a
     command does not have is on)."""
     return {flag: not getattr(args, f"no_{flag}", False) for flag in BUILD_FLAGS}
+
+
+def add_build_option_arguments(p: argparse.ArgumentParser) -> None:
+    """`--precision`, `--memory-budget`, `--compress-activations`: passes that `compile` and
+    `train` add to the build pipeline (`with_build_options`)."""
+    p.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
+                   help="bf16/f16: mixed precision, matmuls and convolutions read 16-bit "
+                   "operands and sum in f32, weights and optimizer state stay f32 (the "
+                   "precision pass, docs/performance.md; default f32)")
+    p.add_argument("--memory-budget", default=None, metavar="BYTES",
+                   help="fit the training step's peak memory in BYTES (200MB, 1.5GiB) or a "
+                        "percentage of its peak (50%%) by recomputing and reordering "
+                        "(the remat pass, docs/memory.md); an error names the smallest "
+                        "feasible budget")
+    p.add_argument("--compress-activations", nargs="?", const="masks", default=None,
+                   choices=("masks", "bf16", "f16"),
+                   help="keep saved activations smaller: ReLU masks as booleans (masks, "
+                        "exact: the default of the flag), plus the weight gradients' saved "
+                        "inputs in bf16 or f16 (lossy); docs/memory.md")
+
+
+def build_options_given(args: argparse.Namespace) -> bool:
+    """Whether any option of `add_build_option_arguments` changes the pipeline."""
+    return (args.precision != "f32" or args.memory_budget is not None
+            or args.compress_activations is not None)
+
+
+def with_build_options(pipeline: str, args: argparse.Namespace) -> str:
+    """`pipeline` with the passes `--precision` (precision), `--compress-activations`
+    (compress-activations) and `--memory-budget` (remat{peak=...}) add, in that order."""
+    if args.precision != "f32":
+        from nfc.passes.precision import with_precision
+
+        pipeline = with_precision(pipeline, args.precision)
+    if args.compress_activations is not None:
+        from nfc.passes.compress import with_compression
+
+        pipeline = with_compression(pipeline, args.compress_activations)
+    if args.memory_budget is not None:
+        from nfc.passes.remat import with_memory_budget
+
+        try:
+            pipeline = with_memory_budget(pipeline, args.memory_budget)
+        except ValueError as exc:
+            raise UsageError(f"--memory-budget: {exc}") from None
+    return pipeline

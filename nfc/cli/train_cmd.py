@@ -29,10 +29,13 @@ from typing import Any
 
 from nfc.cli import UsageError
 from nfc.cli.pipeline_args import (
+    add_build_option_arguments,
     add_build_pipeline_arguments,
     add_model_argument,
     build_flags,
+    build_options_given,
     pass_manager_options,
+    with_build_options,
 )
 
 #: `--epochs` when only `--max-steps` bounds the run: the steps end it first.
@@ -119,19 +122,7 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--no-overlap", action="store_true",
                    help="run each all-reduce at its op instead of during the rest of the "
                    "backward")
-    p.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
-                   help="bf16/f16: mixed precision, matmuls and convolutions read 16-bit "
-                   "operands and sum in f32, weights and optimizer state stay f32 (the "
-                   "precision pass, docs/performance.md; default f32)")
-    p.add_argument("--memory-budget", default=None, metavar="BYTES",
-                   help="fit the training step's peak memory in BYTES (200MB, 1.5GiB) or a "
-                        "percentage of its peak (50%%) by recomputing and reordering "
-                        "(the remat pass, docs/memory.md)")
-    p.add_argument("--compress-activations", nargs="?", const="masks", default=None,
-                   choices=("masks", "bf16", "f16"),
-                   help="keep saved activations smaller: ReLU masks as booleans (masks, "
-                        "exact: the default of the flag), plus the weight gradients' saved "
-                        "inputs in bf16 or f16 (lossy); docs/memory.md")
+    add_build_option_arguments(p)
     add_model_argument(p)
     add_build_pipeline_arguments(p)
     p.set_defaults(func=run)
@@ -153,10 +144,8 @@ def run(args: argparse.Namespace) -> int:
     epochs = args.epochs or (UNTIL_MAX_STEPS if args.max_steps else 1)
     flags = build_flags(args)
     pm_options = pass_manager_options(args)
-    if args.precision != "f32":  # mixed precision: the precision pass joins the pipeline
-        args.pipeline = _precision_pipeline(args, flags)
-    if args.memory_budget is not None or args.compress_activations is not None:
-        args.pipeline = _memory_budget_pipeline(args, flags)  # remat / compress-activations
+    if build_options_given(args):  # precision / compress-activations / remat join the pipeline
+        args.pipeline = _with_build_options(args, flags)
     if args.print_pipeline or args.pipeline is not None:
         from nfc.codegen.artifact.container import is_library_path
 
@@ -330,35 +319,13 @@ def _compare_torch(res: Any, threads: int) -> None:
           f"{cmp.torch_loss:.6f})")
 
 
-def _precision_pipeline(args: argparse.Namespace, flags: dict[str, bool]) -> str:
-    """The pipeline with the `precision` pass for `--precision` (nfc.passes.precision)."""
+def _with_build_options(args: argparse.Namespace, flags: dict[str, bool]) -> str:
+    """The build pipeline with the passes --precision, --compress-activations and
+    --memory-budget add (nfc.cli.pipeline_args.with_build_options)."""
     from nfc.codegen.artifact.container import is_library_path
-    from nfc.passes.precision import with_precision
     from nfc.runtime.build import pipeline_for
 
     if is_library_path(args.file):
-        raise UsageError(f"'{args.file}' is already compiled: --precision applies to model "
-                         "files")
-    return with_precision(pipeline_for(args.file, args.pipeline, **flags), args.precision)
-
-
-def _memory_budget_pipeline(args: argparse.Namespace, flags: dict[str, bool]) -> str:
-    """The pipeline with `compress-activations` for `--compress-activations` and
-    `remat{peak=...}` for `--memory-budget` (nfc.passes.compress, nfc.passes.remat)."""
-    from nfc.codegen.artifact.container import is_library_path
-    from nfc.passes.compress import with_compression
-    from nfc.passes.remat import with_memory_budget
-    from nfc.runtime.build import pipeline_for
-
-    if is_library_path(args.file):
-        raise UsageError(f"'{args.file}' is already compiled: --memory-budget and "
+        raise UsageError(f"'{args.file}' is already compiled: --precision, --memory-budget and "
                          "--compress-activations apply to model files")
-    pipeline = pipeline_for(args.file, args.pipeline, **flags)
-    if args.compress_activations is not None:
-        pipeline = with_compression(pipeline, args.compress_activations)
-    if args.memory_budget is None:
-        return pipeline
-    try:
-        return with_memory_budget(pipeline, args.memory_budget)
-    except ValueError as exc:
-        raise UsageError(f"--memory-budget: {exc}") from None
+    return with_build_options(pipeline_for(args.file, args.pipeline, **flags), args)
