@@ -72,10 +72,12 @@ def flat_index(indices: Sequence[Expr], shape: Sequence[int]) -> Expr | None:
         if ext == 1 and ix == Const(0):
             continue
         x = ix
-        if isinstance(x, Binary) and x.op == "%" and x.b == Const(ext):
+        if d > 0:  # an inner dimension: `(e // stride) % extent`
+            if not (isinstance(x, Binary) and x.op == "%" and x.b == Const(ext)):
+                return None
             x = x.a
-        elif d > 0:
-            return None
+        # the outermost is `e // stride` as it stands: a `%` there is part of `e` (stripping it
+        # read `w[(i + 2) % 2, 0]` of a [2, 1] tensor as element i + 2 of the flat buffer)
         if st > 1:
             if not (isinstance(x, Binary) and x.op == "//" and x.b == Const(st)):
                 return None

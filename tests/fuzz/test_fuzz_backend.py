@@ -150,19 +150,29 @@ def test_fuzzer_regressions(name: str) -> None:
     assert outcome.status == "ok", outcome.detail
 
 
-#: Wrong results the fuzzer found that are not fixed yet (tests/fuzz/known_wrong/*.nf): each is
-#: a strict xfail, so the fix turns it into a failure that moves the case to REGRESSIONS.
-#: case_20261125_8864: case 8864 of `scripts/fuzz_backend.py --seed 20261125` (the 10,000-case
-#: run of 2026-11-25): half of t13's elements (a guarded map over four axes reading t5, t9,
-#: t10, w3, w4 through //, % and reversed indices) come out wrong in the native forward step.
-#: Introduced by the CPU-backend commit 20492da (the case passes at d05ef9a); not the
-#: invariant-factor split, the phase packs or the serial-region threshold (each switched off,
-#: it still fails). Loss 0.0496 instead of 0.0552.
-KNOWN_WRONG = sorted((Path(__file__).parent / "known_wrong").glob("*.nf"))
+#: Whole reproducers (tests/fuzz/regressions/*.nf), each must now pass.
+#: flat_index_outer_modulo: case 8864 of `scripts/fuzz_backend.py --seed 20261125` (the
+#: 10,000-case run of 2026-11-25): codegen/lowering/stage.py `flat_index` stripped a `%` from
+#: the outermost index, so `w3[(i1 + 2) % 2, i0 // 2]` of a [2, 1] tensor was read as flat
+#: element i1 + 2 (out of bounds for i1 >= 2): half of t13 wrong in the native forward step.
+REGRESSION_FILES = sorted((Path(__file__).parent / "regressions").glob("*.nf"))
 
 
-@pytest.mark.xfail(strict=True, reason="known wrong result of the backend, see KNOWN_WRONG")
-@pytest.mark.parametrize("path", KNOWN_WRONG, ids=lambda p: p.stem)
-def test_known_wrong_results(path: Path) -> None:
-    outcome = check_source(path.read_text(encoding="utf-8"), schedules=0)
+@pytest.mark.parametrize("path", REGRESSION_FILES, ids=lambda p: p.stem)
+def test_fuzzer_regression_files(path: Path) -> None:
+    outcome = check_source(path.read_text(encoding="utf-8"), schedules=2)
     assert outcome.status == "ok", outcome.detail
+
+
+def test_flat_index_keeps_the_outer_modulo() -> None:
+    from nfc.codegen.lowering.stage import flat_index
+    from nfc.ir import Binary, Const, Index
+
+    i, k = Index("i"), Index("k")
+    outer_mod = Binary("%", Binary("+", i, Const(2)), Const(2))
+    # w[(i + 2) % 2, 0] of a [2, 1] tensor is flat element (i + 2) % 2, not i + 2
+    assert flat_index((outer_mod, Const(0)), (2, 1)) == outer_mod
+    # a flattening reshape inlined: x[k // 10, k % 10] of a [6, 10] tensor is element k
+    assert flat_index((Binary("//", k, Const(10)), Binary("%", k, Const(10))), (6, 10)) == k
+    # an inner index without its modulo is not a delinearisation
+    assert flat_index((Binary("//", k, Const(10)), k), (6, 10)) is None
