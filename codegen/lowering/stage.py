@@ -68,16 +68,18 @@ def flat_index(indices: Sequence[Expr], shape: Sequence[int]) -> Expr | None:
         return None
     strides = [math.prod(shape[d + 1:]) for d in range(n)]
     flat: Expr | None = None
-    for d, (ix, ext, st) in enumerate(zip(indices, shape, strides, strict=True)):
+    for ix, ext, st in zip(indices, shape, strides, strict=True):
         if ext == 1 and ix == Const(0):
             continue
         x = ix
-        if d > 0:  # an inner dimension: `(e // stride) % extent`
+        if flat is not None:  # an inner dimension: `(e // stride) % extent`
             if not (isinstance(x, Binary) and x.op == "%" and x.b == Const(ext)):
                 return None
             x = x.a
-        # the outermost is `e // stride` as it stands: a `%` there is part of `e` (stripping it
-        # read `w[(i + 2) % 2, 0]` of a [2, 1] tensor as element i + 2 of the flat buffer)
+        # the outermost read dimension (those of extent 1 before it are skipped) is
+        # `e // stride` as it stands: a `%` there is part of `e` (stripping it read
+        # `w[(i + 2) % 2, 0]` of a [2, 1] tensor, or `t[0, (i + 3) % 4]` of a [1, 4] one, as
+        # flat element i + 2, i + 3: out of bounds)
         if st > 1:
             if not (isinstance(x, Binary) and x.op == "//" and x.b == Const(st)):
                 return None

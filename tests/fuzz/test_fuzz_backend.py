@@ -155,6 +155,9 @@ def test_fuzzer_regressions(name: str) -> None:
 #: 10,000-case run of 2026-11-25): codegen/lowering/stage.py `flat_index` stripped a `%` from
 #: the outermost index, so `w3[(i1 + 2) % 2, i0 // 2]` of a [2, 1] tensor was read as flat
 #: element i1 + 2 (out of bounds for i1 >= 2): half of t13 wrong in the native forward step.
+#: flat_index_modulo_after_unit_dims: case 258 of seed 20261126, the same bug where the
+#: outermost read dimension follows dimensions of extent 1 (`tmp[0, (i0 + 3) % 4]` of a
+#: [1, 4] tensor read as flat element i0 + 3: uninitialised memory, a different loss per run).
 REGRESSION_FILES = sorted((Path(__file__).parent / "regressions").glob("*.nf"))
 
 
@@ -172,6 +175,9 @@ def test_flat_index_keeps_the_outer_modulo() -> None:
     outer_mod = Binary("%", Binary("+", i, Const(2)), Const(2))
     # w[(i + 2) % 2, 0] of a [2, 1] tensor is flat element (i + 2) % 2, not i + 2
     assert flat_index((outer_mod, Const(0)), (2, 1)) == outer_mod
+    # the same when the outermost read dimension comes after dimensions of extent 1
+    inner_mod = Binary("%", Binary("+", i, Const(3)), Const(4))
+    assert flat_index((Const(0), inner_mod), (1, 4)) == inner_mod
     # a flattening reshape inlined: x[k // 10, k % 10] of a [6, 10] tensor is element k
     assert flat_index((Binary("//", k, Const(10)), Binary("%", k, Const(10))), (6, 10)) == k
     # an inner index without its modulo is not a delinearisation

@@ -1,9 +1,9 @@
 import std.nn
 model fuzz() {
-  input x1: f32[5, 6, 2]
-  input x2: f32[5, 12]
-  param w3: f32[2, 1] = normal(0.0, 1.0)
-  param w4: f32[16] = normal(0.0, 1.0)
+  input  x1: f32[5, 6, 2]
+  input  x2: f32[5, 12]
+  param  w3: f32[2, 1] = normal(0.0, 1.0)
+  param  w4: f32[16] = normal(0.0, 1.0)
   t5[i0 in 0..6, i1 in 0..3, i2 in 0..1] = (f32(i0) * 0.25 if i0 < 2 else log(abs(w4[(2 * i1 + 1) % 16]) + 0.5))
   t6[i0 in 0..6, i1 in 0..3, i2 in 0..1] = max(k7 in 0..6) (((t5[2 - i1, i1, i1 // 4] if w4[3 * i1 + k7] > 0.5 else (t5[(2 * k7 + 1) % 6, i0 // 3, i0] if i0 < 1 else 0.0)) + rsqrt(abs(t5[(2 * i1 + 1) % 6, i0 % 3, i1 // 3]) + 0.5)))
   t8[i0 in 0..6, i1 in 0..3, i2 in 0..1] = ((t6[(i1 + 3) % 6, i1, i1 - 1] if 1 <= i1 < 2 else 0.0) / (abs(w4[i1 % 2]) + 0.5))
