@@ -423,8 +423,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     if cfg.mode == "dynamic":
         from nfc.runtime.dynamic.session import start_session
 
-        dyn = start_session(cfg, model, log)
-        dyn.planned_steps = total  # the run's planned length sets the exploration allowance
+        dyn = start_session(cfg, model, log, planned_steps=total)
         threads = dyn.training_threads(threads, cfg.threads)
         model.set_num_threads(threads)
         bound = dyn.wrap(bound)

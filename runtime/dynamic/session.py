@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +101,7 @@ class DynamicOptions:
     `baseline_seconds` of steps (at most BASELINE_MAX_STEPS, and up to `settle_at_step`);
     the median of their second half is the static step time the budget compares with."""
     planned_steps: int | None = None
-    """The run's steps, for the budget's allowance (None: `max_steps` of the run, else the
-    elapsed steps)."""
+    """The run's steps, for the budget's allowance (None: the elapsed steps)."""
     step_time: Callable[[int, float], float] | None = None
     """Tests: the step time (seconds) the budget accounts for step `step` measured at
     `seconds` (so that a test decides what exploring costs, not the machine)."""
@@ -580,9 +579,10 @@ def prepare_config(cfg: Any) -> Any:
     return cfg
 
 
-def start_session(cfg: Any, model: Model, metrics: Callable[[dict[str, Any]], None]
-                  ) -> DynamicSession:
-    """Start the explorer for the run `cfg` (a TrainConfig) training `model`."""
+def start_session(cfg: Any, model: Model, metrics: Callable[[dict[str, Any]], None],
+                  planned_steps: int | None = None) -> DynamicSession:
+    """Start the explorer for the run `cfg` (a TrainConfig) training `model` for
+    `planned_steps` steps (the exploration budget's allowance)."""
     settings = list(cfg.settings)
     if cfg.batch is not None and not any(s.startswith("batch=") for s in settings):
         settings.append(f"batch={cfg.batch}")
@@ -592,10 +592,8 @@ def start_session(cfg: Any, model: Model, metrics: Callable[[dict[str, Any]], No
            "pipeline": cfg.pipeline, "im2col": cfg.im2col, "fuse": cfg.fuse,
            "profile": cfg.profile, "current": os.path.abspath(model.path),
            "model": getattr(cfg, "model", None)}
-    opts = _options(cfg)
+    opts = replace(_options(cfg), planned_steps=planned_steps)
     session = DynamicSession(opts, job, model, cfg.log, metrics)
-    if session.planned_steps is None and cfg.max_steps:
-        session.planned_steps = int(cfg.max_steps)
     session.verbose = cfg.progress
     if cfg.progress:
         cfg.log(f"nfc: dynamic mode: {session.summary.cores}")
