@@ -28,7 +28,7 @@ Semantics (the verifier enforces the typing rules; the interpreter re-checks wha
   Where a row's `defined` is false (an integer division by zero, a negative integer
   exponent) at a point that is taken, the run fails with the point.
 - `nf.call` runs the callee of `module`; `nf.kernel` runs its body; reductions `max`/`min`
-  propagate NaN.
+  propagate NaN; `nf.allreduce` is one process of a data-parallel run: it copies its operands.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 from nfc import ops
 from nfc.ir import (
+    AllReduceOp,
     Block,
     Call,
     CallOp,
@@ -352,6 +353,9 @@ def _run_op(op: Op, env: dict[int, np.ndarray], module: Module | None) -> None:
         results = _run_block(op.body, env, module)
         for r, arr in zip(op.results, results, strict=True):
             env[id(r)] = arr
+    elif isinstance(op, AllReduceOp):  # one rank: the mean over the ranks is the operand
+        for r, v in zip(op.results, op.values, strict=True):
+            env[id(r)] = _get(env, v, op).copy()
     else:
         raise InterpError(f"cannot interpret {op.opname}")
 

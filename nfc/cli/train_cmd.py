@@ -118,7 +118,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--compress", choices=("none", "fp16", "bf16"), default="none",
                    help="send gradients in 16 bits with error feedback (default none)")
     g.add_argument("--bn", choices=("local", "sync"), default="local",
-                   help="batch-norm running statistics per rank (local) or averaged (sync)")
+                   help="batch norm per rank (local, default) or synchronised over the global "
+                   "batch (sync, as SyncBatchNorm)")
     g.add_argument("--no-overlap", action="store_true",
                    help="run each all-reduce at its op instead of during the rest of the "
                    "backward")

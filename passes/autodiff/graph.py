@@ -7,6 +7,11 @@ several loads in one consumer) are summed: elementwise contributions are folded 
 compute, reductions stay computes of their own and are read by it. A compute whose attributes
 hold a true `nf.stop_gradient` passes no gradient to its inputs.
 
+An `nf.allreduce` (mean over the ranks of a data-parallel run, e.g. the batch statistics of
+synchronised batch norm, nfc.passes.data_parallel) is linear and the same on every rank: its
+adjoint is the all-reduce (mean) of the adjoints of its results, one `nf.allreduce` in the
+backward with `nf.collective` suffixed `-grad` (in one process both are copies).
+
 The backward computes read forward values directly (the function is SSA), so every forward
 value the backward needs stays alive; unused ones are left for dead-code elimination.
 """
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 
 from nfc.diagnostics import CompileError, Diagnostic, note
 from nfc.ir import (
+    AllReduceOp,
     Axis,
     CallOp,
     ComputeOp,
@@ -83,7 +89,7 @@ class ReverseMode:
         self.func = func
         self.loss = loss
         self.wrt = wrt
-        self.new_ops: list[ComputeOp] = []
+        self.new_ops: list[ComputeOp | AllReduceOp] = []
         self.problems: list[Problem] = []
         self.g = _Grads()
         # gradient names follow the printed (unique) names of the forward values: %d_y_4
@@ -126,6 +132,8 @@ class ReverseMode:
                 for ld in value_loads(op.body):
                     if id(ld.tensor) in requires:
                         needed.add(id(ld.tensor))
+            elif isinstance(op, AllReduceOp):
+                needed.update(id(v) for v in op.values if id(v) in requires)
             elif isinstance(op, CallOp | KernelOp):
                 blockers.append(op)
         if blockers:
@@ -137,6 +145,9 @@ class ReverseMode:
                              name=self.grad_name(self.loss))
             self.g.done[id(self.loss)] = self.emit(seed)
         for op in reversed(ops):
+            if isinstance(op, AllReduceOp):
+                self.allreduce_adjoint(op, needed)
+                continue
             if not isinstance(op, ComputeOp) or id(op.result) not in needed:
                 continue
             dout = self.materialize(op.result)
@@ -164,6 +175,29 @@ class ReverseMode:
                 g = self.emit(ComputeOp(v.type, dims, Const(0.0), name=self.grad_name(v)))
             out[id(v)] = g
         return out
+
+    def allreduce_adjoint(self, op: AllReduceOp, needed: set[int]) -> None:
+        """The adjoint of an all-reduce (mean): the all-reduce (mean) of its results'
+        adjoints, passed to the operands (see the module doc)."""
+        pairs: list[tuple[Value, Value]] = []
+        for v, r in zip(op.values, op.results, strict=True):
+            if id(r) not in needed or id(v) not in needed:
+                continue
+            dout = self.materialize(r)
+            if dout is not None:
+                pairs.append((v, dout))
+        if not pairs:
+            return
+        attrs = {k: v for k, v in op.attrs.items() if k != PHASE}
+        what = str(attrs.get("nf.collective", "gradients"))
+        attrs["nf.collective"] = f"{what}-grad"
+        attrs[PHASE] = "backward"
+        ar = AllReduceOp([d for _, d in pairs], loc=op.loc, attrs=attrs,
+                         names=[self.grad_name(v) + "_ar" for v, _ in pairs])
+        self.new_ops.append(ar)
+        for (v, _), g in zip(pairs, ar.results, strict=True):
+            dims = self.g.dims.setdefault(id(v), _grad_dims(v, None))
+            self.g.parts.setdefault(id(v), []).append(Contribution(dims, value=g))
 
     def materialize(self, v: Value) -> Value | None:
         """The summed gradient of `v` as one value (None when nothing reached it)."""
@@ -203,8 +237,8 @@ def _blocker(op: Op) -> Diagnostic:
                       (note("kernels are formed after autodiff; run it before fusion"),))
 
 
-def reverse_mode(func: Func, loss: Value, wrt: list[Value]) -> tuple[list[ComputeOp],
-                                                                     list[Value]]:
+def reverse_mode(func: Func, loss: Value, wrt: list[Value]
+                 ) -> tuple[list[ComputeOp | AllReduceOp], list[Value]]:
     """Backward computes of `func` (to be placed after its forward ops) and the gradient of
     the loss w.r.t. each `wrt` value, in order. Raises CompileError listing every construct on
     a gradient path that cannot be differentiated."""

@@ -108,8 +108,8 @@ class Collective:
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         n = sum(sizes)
         kind = compress if compress is not None else str(spec.get("compress", "none"))
-        if spec.get("what") == "state":
-            kind = "none"  # running statistics are averaged exactly
+        if spec.get("what", "gradients") != "gradients":
+            kind = "none"  # batch and running statistics are averaged exactly
         if kind != "none" and dtype is not np.float32:
             raise DistributedError(f"{kind} compression of {next(iter(kinds))} gradients")
         comp = kind != "none"
