@@ -110,8 +110,9 @@ class TuneOptions:
     search (0: trust the search's single measurements); see `confirm_best`."""
     measurer: Callable[[Task, MeasureOptions], Any] | None = None
     """Makes the measurer of a kernel (a context manager called as `measure(schedule)`,
-    with `compare`); None: a local `Measurer`. `nfc tune --cluster` measures on dask
-    workers (nfc.runtime.distributed.dask_tune)."""
+    with `compare`, and optionally `measure_batch`, which the search then gives a whole
+    generation at once: nfc.runtime.tuning.search.BatchMeasurer); None: a local `Measurer`.
+    `nfc tune --cluster` measures on dask workers (nfc.runtime.distributed.dask_tune)."""
 
 
 def build_model(path: str | os.PathLike[str], settings: Sequence[str] = (),

@@ -5,6 +5,9 @@ never slower than the default as measured. Every candidate is evaluated at most 
 one found in the cache is not measured again, and every fresh measurement is committed to the
 cache at once. With a fixed seed the run is deterministic given the measured times, so a rerun
 after a kill replays the recorded candidates from the cache and measures only the rest.
+Each generation is proposed whole before it is measured, so a measurer with a batch interface
+(`BatchMeasurer`, e.g. a dask cluster's) times its candidates at once; a plain one measures
+them one by one, with the same candidates either way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,22 @@ MeasureFn = Callable[[dict[str, Any]], Measurement]
 """Measures one schedule; `measure.Measurer` is one, a cost model in a test is another."""
 ProgressFn = Callable[[str, int, float], None]
 """Called after every evaluated candidate with (kernel, trial number, best speedup so far)."""
+
+
+class BatchMeasurer(Protocol):
+    """A `MeasureFn` that can also measure several schedules at once (a dask cluster's
+    `ClusterMeasurer`): the search then hands it each generation's unrecorded candidates
+    together instead of one at a time."""
+
+    def __call__(self, schedule: dict[str, Any]) -> Measurement:
+        ...
+
+    def measure_batch(self, schedules: Sequence[dict[str, Any]],
+                      done: Callable[[int, Measurement], None]) -> None:
+        """Measure `schedules` (concurrently, as far as the measurer can) and call
+        `done(index, measurement)` for each as soon as it completes, in any order; every
+        schedule gets exactly one call unless an exception (Ctrl-C) ends the batch."""
+        ...
 
 _ENUMERATE_LIMIT = 4096  # spaces this small are enumerated when random sampling stalls
 
@@ -122,6 +141,7 @@ class _Run:
         self.times: dict[str, float | None] = {}  # canonical text -> time (None: failed)
         self.schedules: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []  # evaluation order, for ties
+        self.proposed: set[str] = set()  # every candidate proposed (evaluated or about to be)
         self.measured = self.cached = self.failed = 0
         self.baseline: float | None = None
         self.clock = clock
@@ -143,12 +163,7 @@ class _Run:
         if naive and self.cfg.mode is Mode.FAST:
             self.times[text] = None  # never measured, never chosen
             return
-        if self.cfg.trials is not None and len(self.order) >= self.cfg.trials:
-            raise _Stop("trials")
-        # the budget is checked before each trial: a run ends at most one trial past it
-        if self.cfg.time_budget is not None and \
-                self.clock() - self.start >= self.cfg.time_budget:
-            raise _Stop("time")
+        self._check_budgets(len(self.order))
         entry = None
         if self.cache is not None and self.category is not None:
             entry = self.cache.lookup(self.category, self.key, cfg)
@@ -157,11 +172,92 @@ class _Run:
             ok, t, repro = entry.status is Status.OK, entry.time, entry.reproducible
         else:
             m = self.measure(dict(cfg))
-            self.measured += 1
-            if self.cache is not None and self.category is not None:
-                self.cache.put_measurement(self.category, self.key, cfg, m, naive=naive,
-                                           desc=self.desc)
+            self._commit(cfg, m, naive)
             ok, t, repro = m.status is Status.OK, m.time, m.reproducible
+        self._record(cfg, text, ok, t, repro)
+
+    def evaluate_all(self, cfgs: Sequence[dict[str, Any]]) -> None:
+        """Evaluate proposed candidates in order: one by one (`evaluate`), or, when the
+        measurer has `measure_batch`, all that the cache does not have at once
+        (`evaluate_batch`)."""
+        if getattr(self.measure, "measure_batch", None) is None:
+            for cfg in cfgs:
+                self.evaluate(cfg)
+        else:
+            self.evaluate_batch(cfgs)
+
+    def evaluate_batch(self, cfgs: Sequence[dict[str, Any]]) -> None:
+        """`evaluate` of each of `cfgs` in order, the measurements made together.
+
+        The trial budget admits the same candidates as one-by-one evaluation; the time budget
+        is checked once, before the batch (a run ends at most one batch past it). Each
+        measurement is committed to the cache the moment it arrives, so an interrupted batch
+        loses only the candidates still in flight; the run's own state (order, best, progress)
+        is then updated in proposal order, so the search continues exactly as it would have
+        one by one with the same times."""
+        plan: list[tuple[dict[str, Any], str, bool, Any]] = []  # (cfg, text, naive, entry)
+        stop: str | None = None
+        counted = len(self.order)
+        for cfg in cfgs:
+            text = canonical_json(cfg)
+            assert text not in self.times, "the search proposed a duplicate"
+            naive = self.is_naive(cfg)
+            if naive and self.cfg.mode is Mode.FAST:
+                plan.append((cfg, text, naive, None))
+                continue
+            try:
+                self._check_budgets(counted, time=counted == len(self.order))
+            except _Stop as exc:
+                stop = exc.reason
+                break
+            counted += 1
+            entry = None
+            if self.cache is not None and self.category is not None:
+                entry = self.cache.lookup(self.category, self.key, cfg)
+            plan.append((cfg, text, naive, entry))
+        fresh = [(cfg, naive) for cfg, _, naive, entry in plan if entry is None
+                 and not (naive and self.cfg.mode is Mode.FAST)]
+        results: dict[str, Measurement] = {}
+
+        def done(index: int, m: Measurement) -> None:
+            cfg, naive = fresh[index]
+            self._commit(cfg, m, naive)
+            results[canonical_json(cfg)] = m
+
+        if fresh:
+            batch: BatchMeasurer = self.measure  # type: ignore[assignment]
+            batch.measure_batch([dict(cfg) for cfg, _ in fresh], done)
+        for cfg, text, naive, entry in plan:
+            if naive and self.cfg.mode is Mode.FAST:
+                self.times[text] = None
+            elif entry is not None:
+                self.cached += 1
+                self._record(cfg, text, entry.status is Status.OK, entry.time,
+                             entry.reproducible)
+            else:
+                m = results[text]
+                self._record(cfg, text, m.status is Status.OK, m.time, m.reproducible)
+        if stop is not None:
+            raise _Stop(stop)
+
+    def _check_budgets(self, evaluated: int, time: bool = True) -> None:
+        if self.cfg.trials is not None and evaluated >= self.cfg.trials:
+            raise _Stop("trials")
+        # the budget is checked before each trial: a run ends at most one trial past it
+        if time and self.cfg.time_budget is not None and \
+                self.clock() - self.start >= self.cfg.time_budget:
+            raise _Stop("time")
+
+    def _commit(self, cfg: dict[str, Any], m: Measurement, naive: bool) -> None:
+        """Count a fresh measurement and record it in the cache at once."""
+        self.measured += 1
+        if self.cache is not None and self.category is not None:
+            self.cache.put_measurement(self.category, self.key, cfg, m, naive=naive,
+                                       desc=self.desc)
+
+    def _record(self, cfg: dict[str, Any], text: str, ok: bool, t: float | None,
+                repro: bool) -> None:
+        """The run's state after one evaluated candidate."""
         if not ok or (self.cfg.reproducible and not repro):
             t = None  # never chosen, never a parent
         self.failed += not ok
@@ -199,7 +295,12 @@ class _Run:
                                    for n in self.names})
 
     def fresh(self, cfg: dict[str, Any]) -> bool:
-        return canonical_json(cfg) not in self.times and self.space.is_valid(cfg)
+        return canonical_json(cfg) not in self.proposed and self.space.is_valid(cfg)
+
+    def propose(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Mark `cfg` as taken (no later proposal repeats it) before it is evaluated."""
+        self.proposed.add(canonical_json(cfg))
+        return cfg
 
     def random_unseen(self) -> dict[str, Any] | None:
         for _ in range(200):
@@ -214,7 +315,7 @@ class _Run:
             self._valid_pool = [c for c in (canonical_schedule(dict(zip(self.names, vals,
                                                                         strict=True)))
                                             for vals in combos) if self.space.is_valid(c)]
-        left = [c for c in self._valid_pool if canonical_json(c) not in self.times]
+        left = [c for c in self._valid_pool if canonical_json(c) not in self.proposed]
         return self.rng.choice(left) if left else None
 
     def tournament(self, pool: list[tuple[float, int, str]]) -> dict[str, Any]:
@@ -241,17 +342,23 @@ class _Run:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> tuple[int, str]:
-        """Run generations until a budget, patience or the space runs out."""
+        """Run generations until a budget, patience or the space runs out.
+
+        Each generation is proposed whole before it is evaluated (`evaluate_all`): within a
+        generation the proposals depend only on the parents and on which candidates are
+        taken, not on the new times, so this is the same sequence of candidates as proposing
+        each after the previous one's measurement, and a batch measurer can time them all
+        at once."""
         generations = 0
         try:
-            self.evaluate(self.default)
-            population = [self.default_text]
-            while len(population) < self.cfg.population:
+            first = [self.propose(self.default)]
+            while len(first) < self.cfg.population:
                 cfg = self.random_unseen()
                 if cfg is None:
                     break
-                self.evaluate(cfg)
-                population.append(canonical_json(cfg))
+                first.append(self.propose(cfg))
+            self.evaluate_all(first)
+            population = [canonical_json(c) for c in first]
             stale, best = 0, self.best_time()
             while stale < self.cfg.patience:
                 generations += 1
@@ -260,12 +367,18 @@ class _Run:
                 current = set(population) | set(elites)
                 pool = [r for r in ranked if r[2] in current]
                 population = list(elites)
+                children: list[dict[str, Any]] = []
+                exhausted = False
                 for _ in range(max(1, self.cfg.population - len(elites))):
                     cfg = self.child(pool)
                     if cfg is None:
-                        raise _Stop("exhausted")
-                    self.evaluate(cfg)
-                    population.append(canonical_json(cfg))
+                        exhausted = True
+                        break
+                    children.append(self.propose(cfg))
+                self.evaluate_all(children)
+                if exhausted:
+                    raise _Stop("exhausted")
+                population.extend(canonical_json(c) for c in children)
                 now = self.best_time()
                 improved = now is not None and (best is None or now < best)
                 stale, best = (0, now) if improved else (stale + 1, best)

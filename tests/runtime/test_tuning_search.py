@@ -237,3 +237,69 @@ def test_two_concurrent_tuners_on_one_database(tmp_path: Path) -> None:
         assert cache.verify() == []
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+class BatchMeasure(FakeMeasure):
+    """A batch measurer (as a dask cluster's): measures each batch, then reports the results
+    in reverse order; remembers the batch sizes. `interrupt_after` results, it raises
+    KeyboardInterrupt (a client killed mid-generation)."""
+
+    def __init__(self, interrupt_after: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.batches: list[int] = []
+        self.interrupt_after = interrupt_after
+
+    def measure_batch(self, schedules, done) -> None:
+        self.batches.append(len(schedules))
+        results = [self(s) for s in schedules]
+        for i in reversed(range(len(results))):
+            if self.interrupt_after is not None and self.interrupt_after <= 0:
+                raise KeyboardInterrupt
+            done(i, results[i])
+            if self.interrupt_after is not None:
+                self.interrupt_after -= 1
+
+
+def _entries(cache: TuningCache) -> dict[str, tuple[str, float | None]]:
+    return {canonical_json(e.schedule): (e.status.value, e.time)
+            for e in cache.entries(CATEGORY, "k", include_pruned=True)}
+
+
+@pytest.mark.parametrize(("seed", "kw"), [
+    (0, {}), (1, {"trials": 13}), (2, {"mode": Mode.FAST, "trials": 21}),
+    (3, {"population": 5, "trials": 60, "patience": 3}), (4, {"trials": None, "patience": 2}),
+])
+def test_batch_measurement_evaluates_exactly_the_one_by_one_candidates(
+        tmp_path: Path, seed: int, kw: dict) -> None:
+    def fail(cfg):
+        return cfg["d"] == 1 and cfg["a"] % 2 == 0
+
+    runs = []
+    for name, measure in (("one", FakeMeasure(fail=fail)), ("batch", BatchMeasure(fail=fail))):
+        progress: list[tuple[int, float]] = []
+        with TuningCache(tmp_path / f"{name}.sqlite") as cache:
+            res = tune(SPACE, measure, cache=cache, category=CATEGORY, key="k",
+                       config=SearchConfig(seed=seed, **{"population": 8, "trials": 40, **kw}),
+                       progress=lambda _k, n, s, progress=progress: progress.append((n, s)))
+            runs.append((res, measure.calls, progress, _entries(cache)))
+    (one, one_calls, one_progress, one_db), (batch, batch_calls, batch_progress, batch_db) = runs
+    assert batch_calls == one_calls and batch_progress == one_progress
+    assert batch == one and batch_db == one_db and len(one_db) == one.measured > 0
+    # whole generations went out together (the initial population, then the children)
+    assert max(measure.batches) > 1 and sum(measure.batches) == one.measured
+
+
+def test_an_interrupted_batch_keeps_the_results_that_arrived(tmp_path: Path) -> None:
+    with TuningCache(tmp_path / "c.sqlite") as cache:
+        measure = BatchMeasure(interrupt_after=11)
+        with pytest.raises(KeyboardInterrupt):
+            tune(SPACE, measure, cache=cache, category=CATEGORY, key="k",
+                 config=SearchConfig(seed=5, population=8, trials=40))
+        assert measure.batches == [8, 6]  # interrupted in the first generation of children
+        assert len(_entries(cache)) == 11  # the 8 of the first batch and 3 that arrived
+        # a rerun replays those from the cache and measures only the rest
+        again = FakeMeasure()
+        res = tune(SPACE, again, cache=cache, category=CATEGORY, key="k",
+                   config=SearchConfig(seed=5, population=8, trials=40))
+        assert res.cached == 11 and res.measured == len(again.calls) == 29
+        assert not set(again.calls) & set(measure.calls[:8])
