@@ -5,10 +5,10 @@ built with them into the running training loop at a step boundary. See docs/dyna
 | module | what it does |
 |---|---|
 | `compat.py` | the ABI check: may library B replace library A (same tensors, arguments, results)? |
-| `swap.py` | `SwappableStep`: the loop's step, whose library can change between steps |
+| `swap.py` | `SwappableStep`: the loop's step (library swapped between steps, profiled twin) |
 | `verify.py` | a step of both libraries on copies of a live state, compared (child process) |
-| `explorer.py` | the background process: rank kernels, search, build candidates, verify, offer |
-| `session.py` | the trainer's side: start, poll offers, swap, log, account time, stop |
+| `explorer.py` | background: rank by the loop's reports, search, build, verify, offer, twins |
+| `session.py` | the trainer's side: start, poll offers, swap, report kernels, log, account |
 | `plot.py` | `nfc train --plot-steps`: the step time over a run, swaps marked |
 """
 

@@ -18,9 +18,12 @@ def _rows(items: Any, keys: tuple[str, ...]) -> list[tuple[Any, ...]]:
     return [tuple(repr(d.get(k)) for k in keys) for d in items]
 
 
-def incompatibility(current: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
-    """Why `candidate`'s metadata cannot replace `current`'s, or None when it can."""
-    for key in ("abi_version", "model", "profile"):
+def incompatibility(current: Mapping[str, Any], candidate: Mapping[str, Any], *,
+                    ignore_profile: bool = False) -> str | None:
+    """Why `candidate`'s metadata cannot replace `current`'s, or None when it can
+    (`ignore_profile`: a profiled build may stand in for a plain one, swap.py's twins)."""
+    keys = ("abi_version", "model") if ignore_profile else ("abi_version", "model", "profile")
+    for key in keys:
         if current.get(key) != candidate.get(key):
             return f"{key} differs ({current.get(key)!r} vs {candidate.get(key)!r})"
     if current.get("attributes") != candidate.get("attributes"):

@@ -1,8 +1,9 @@
 """The background process of dynamic mode: `python -m nfc.runtime.dynamic.explorer JOB.json`.
 
 It takes candidates from a *candidate source* (by default `tuned_candidates`: rank the
-kernels of the training step by their measured share of a profiled step, search the schedule
-space of the most expensive ones with the tuner's genetic search, measuring every candidate
+kernels of the training step by their share of the step as the training loop reports it,
+search the schedule space of the most expensive ones with the tuner's genetic search,
+re-ranking before each kernel by the latest report, measuring every candidate
 in the tuner's isolated worker process and committing every result to the persistent tuning
 cache at once, and build a complete library with the cache's best schedules whenever they
 changed), then for every candidate library:
@@ -13,7 +14,17 @@ changed), then for every candidate library:
    a snapshot of the live state and batch, compared within the rounding a change of
    summation order explains (verify.py);
 3. offers it: `offer-<n>.json` in the job's directory (written atomically), which the
-   training loop picks up at a step boundary.
+   training loop picks up at a step boundary;
+4. (when the job asks for kernel reports) builds its *profiled twin* (the same schedules
+   with per-kernel clock stamps) and names it in `twin-<n>.json`; the first twin, of the
+   running library, is built before the first candidate.
+
+The training loop samples steps on the twins and writes `report-<n>.json` (per kernel of
+the step: time per call, calls per step, share; session.kernel_report). `tuned_candidates`
+waits up to `report_wait` seconds for the first report (falling back to its own ranking,
+`order`: a profiled step of default schedules, or the cost estimate) and re-ranks by the
+latest report before each kernel's search, so that a kernel whose swap made it fast loses
+its place (`next_kernel`). `order = cost` ignores the reports (a deterministic order).
 
 Every outcome is a line of `events.jsonl` in the job's directory. A candidate that crashes,
 hangs or computes something else is recorded (`rejected`) and never offered. Test and demo
@@ -61,8 +72,9 @@ def _which(job: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": job["model"]} if job.get("model") else {}
 
 
-def build_candidate(job: Mapping[str, Any], output: str) -> str:
-    """A complete library of the job's model with the tuning cache's current best schedules."""
+def build_candidate(job: Mapping[str, Any], output: str, profile: bool | None = None) -> str:
+    """A complete library of the job's model with the tuning cache's current best schedules
+    (`profile`: with per-kernel clock stamps; default: the job's `profile`)."""
     from nfc.runtime.build import build_library, build_module, parse_settings
 
     params, opt = parse_settings(job.get("settings", []))
@@ -70,8 +82,9 @@ def build_candidate(job: Mapping[str, Any], output: str) -> str:
                               fuse=job.get("fuse", True),
                               reproducible=job.get("reproducible", False), db=job.get("db", ""))
     module, _ = build_module(job["source"], params, opt, text, **_which(job))
-    return build_library(module, output, profile=job.get("profile", False),
-                         use_cache=True).path
+    if profile is None:
+        profile = bool(job.get("profile", False))
+    return build_library(module, output, profile=profile, use_cache=True).path
 
 
 def max_reduction_terms(module: Any) -> int:
@@ -134,24 +147,138 @@ def rank_kernels(module: Any, order: str = "auto") -> tuple[list[Any], dict[str,
     return kernels, times, how
 
 
+def latest_report(workdir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The training loop's newest kernel report in `workdir` (None: none yet)."""
+    files = sorted(Path(workdir).glob("report-*.json"))
+    for f in reversed(files):
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(f.read_text())
+    return None
+
+
+def wait_report(workdir: str | os.PathLike[str], timeout: float) -> dict[str, Any] | None:
+    """The first report, waited for up to `timeout` seconds (None: none came)."""
+    end = time.monotonic() + timeout
+    while True:
+        rep = latest_report(workdir)
+        if rep is not None or time.monotonic() >= end:
+            return rep
+        time.sleep(0.1)
+
+
+Sites = dict[int, list[tuple[str, float]]]
+"""IR op position in the built library's function -> (kernel key, fraction of its time)."""
+
+
+def plan_sites(job: Mapping[str, Any], kernels: Any, function: str = "train_step") -> Sites:
+    """Which of `kernels` (keys of the module up to `apply-tuning`, the tuner's) run at each
+    op of the built library's `function` (the job's whole build pipeline, `fuse` included):
+    a compute op is its own key; a fused kernel (`nf.kernel`) holds stages, each with the key
+    it had before fusion, its fraction of the kernel's time estimated by the FLOP/byte model
+    (the report measures the fused kernel as a whole)."""
+    from nfc.ir import ComputeOp, KernelOp
+    from nfc.runtime.build import build_module, parse_settings
+    from nfc.runtime.tuning.kernels import kernel_key, roofline_seconds
+
+    params, opt = parse_settings(job.get("settings", []))
+    text = candidate_pipeline(job["source"], job.get("pipeline"), im2col=job.get("im2col", True),
+                              fuse=job.get("fuse", True),
+                              reproducible=job.get("reproducible", False), db=job.get("db", ""))
+    module, _ = build_module(job["source"], params, opt, text, **_which(job))
+    known = {k.key for k in kernels}
+    out: Sites = {}
+    for n, op in enumerate(module.func(function).body.ops):
+        if isinstance(op, ComputeOp):
+            stages = [op]
+        elif isinstance(op, KernelOp):
+            body = op.body.walk() if hasattr(op.body, "walk") else op.body.ops
+            stages = [s for s in body if isinstance(s, ComputeOp)]
+        else:
+            continue
+        keyed = [(kernel_key(s), max(roofline_seconds(s), 1e-12)) for s in stages]
+        keyed = [(key, t) for key, t in keyed if key in known]
+        total = sum(t for _, t in keyed)
+        if total > 0:
+            out[n] = [(key, t / total) for key, t in keyed]
+    return out
+
+
+def reported_times(report: Mapping[str, Any], kernels: Any, sites: Sites) -> dict[str, float]:
+    """Seconds per step of each kernel (by key) in `report`: each reported kernel's time per
+    call, for every call (plan position = IR op, `sites`) split among the keys that run in
+    it; kernels the report does not show get 0."""
+    out = {k.key: 0.0 for k in kernels}
+    for g in report.get("kernels", []):
+        per_call = float(g.get("per_call_ms", 0.0)) * 1e-3
+        for op in g.get("ops", []):
+            for key, part in sites.get(op, []) if op is not None else []:
+                if key in out:
+                    out[key] += per_call * part
+    return out
+
+
+def next_kernel(kernels: Any, times: Mapping[str, float], searched: Mapping[str, int],
+                top: int, rounds: int) -> Any:
+    """The kernel to search next: among the `top` tunable kernels of the largest time per
+    step in `times`, one searched the fewest times (fewer than `rounds`), the largest first;
+    None when every one of them had its rounds."""
+    ranked = sorted((k for k in kernels if k.tunable), key=lambda k: -times.get(k.key, 0.0))
+    open_ = [k for k in ranked[:top] if searched.get(k.key, 0) < rounds]
+    if not open_:
+        return None
+    fewest = min(searched.get(k.key, 0) for k in open_)
+    return next(k for k in open_ if searched.get(k.key, 0) == fewest)
+
+
 def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
-    """Search the most expensive kernels one after another (`rounds` passes, each doubling
-    the trials); after each, a library with the cache's best schedules when they changed."""
+    """Search the most expensive kernels one after another (`rounds` searches each, each
+    doubling the trials; the order follows the training loop's latest kernel report, see the
+    module doc); after each, a library with the cache's best schedules when they changed."""
     from nfc.runtime.dynamic.verify import tolerance
     from nfc.runtime.tuning.cache import TuningCache
     from nfc.runtime.tuning.category import default_category
-    from nfc.runtime.tuning.driver import TuneOptions, build_model, tune_kernel
-    from nfc.runtime.tuning.kernels import schedules_from_cache
+    from nfc.runtime.tuning.driver import (
+        TuneOptions,
+        build_model,
+        estimate_kernel_times,
+        training_functions,
+        tune_kernel,
+    )
+    from nfc.runtime.tuning.kernels import collect_kernels, schedules_from_cache
     from nfc.runtime.tuning.measure import MeasureSetupError
 
     module = build_model(job["source"], job.get("settings", []), job.get("pipeline"),
                          im2col=job.get("im2col", True), **_which(job))
-    kernels, times, how = rank_kernels(module, job.get("order", "auto"))
-    total = sum(times.values()) or 1.0
-    chosen = [k for k in kernels if k.tunable][: int(job.get("top", 4))]
+    functions = training_functions(module)
+    kernels = collect_kernels(module, functions)
+    order = job.get("order", "auto")
+    reports = bool(job.get("report")) and order != "cost" and "train_step" in functions
+    sites = plan_sites(job, kernels) if reports else {}
+    report = wait_report(job["workdir"], float(job.get("report_wait", 30.0))) \
+        if reports else None
+    if report is None:  # no report (yet): the explorer's own estimate
+        own, own_how = estimate_kernel_times(module, functions, kernels, order)
+    top = int(job.get("top", 4))
     by_key = {k.key: k for k in kernels}
-    log({"event": "ranked", "by": how, "kernels": [
-        {"key": k.key, "desc": k.desc[:80], "share": times[k.key] / total} for k in chosen]})
+    seen_seq: Any = ()
+
+    def ranking() -> tuple[dict[str, float], str]:
+        """The times per step to rank by: the latest report's, else the own estimate."""
+        nonlocal report, seen_seq
+        if reports:
+            report = latest_report(job["workdir"]) or report
+        times, how = (reported_times(report, kernels, sites), "report") if report is not None \
+            else (own, own_how)
+        seq = report.get("seq") if report is not None else None
+        if seq != seen_seq:
+            seen_seq = seq
+            total = sum(times.values()) or 1.0
+            ranked = sorted((k for k in kernels if k.tunable), key=lambda k: -times[k.key])
+            log({"event": "ranked", "by": how, "seq": seq,
+                 "step": report.get("step") if report is not None else None,
+                 "kernels": [{"key": k.key, "desc": k.desc[:80],
+                              "share": times[k.key] / total} for k in ranked[:top]]})
+        return times, how
     rtol = tolerance(max_reduction_terms(module))
     reproducible = bool(job.get("reproducible", False))
     options = TuneOptions(trials=int(job.get("trials", 24)), seed=int(job.get("seed", 0)),
@@ -161,11 +288,17 @@ def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
     with TuningCache(job.get("db") or None) as cache:
         # what the running library has: the cache's best, else the default schedule (a
         # search that finds the default best changes nothing)
-        offered = {**_defaults(chosen),
+        offered = {**_defaults([k for k in kernels if k.tunable]),
                    **schedules_from_cache(kernels, cache, category, reproducible=reproducible)}
         rounds = max(1, int(job.get("rounds", 2)))
-        work = [(r, k) for r in range(rounds) for k in chosen]
-        for n, (r, k) in enumerate(work):
+        searched: dict[str, int] = {}
+        for n in range(top * rounds):
+            times, _ = ranking()
+            k = next_kernel(kernels, times, searched, top, rounds)
+            if k is None:
+                break
+            r = searched.get(k.key, 0)
+            searched[k.key] = r + 1
             t0 = time.monotonic()
             try:
                 # a later round extends each search (the recorded candidates replay from the
@@ -196,9 +329,14 @@ def tuned_candidates(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
                      "reason": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
             offered = table
+
+            def twin(out: str = out) -> str:
+                return build_candidate(job, out.removesuffix(".so") + "-profiled.so", True)
+
             yield {"path": out, "kernels": len(changed), "rtol": rtol,
                    "note": f"after searching {k.desc[:60]}", "category": category,
-                   "schedules": {key: table[key] for key in changed}, "changes": details}
+                   "schedules": {key: table[key] for key in changed}, "changes": details,
+                   "twin": twin}
 
 
 def given_libraries(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
@@ -210,7 +348,8 @@ def given_libraries(job: Mapping[str, Any], log: Log) -> Iterator[Candidate]:
         yield {"path": item["path"], "kernels": int(item.get("kernels", 1)),
                "rtol": float(item.get("rtol", job.get("rtol", 1e-5))),
                "note": item.get("note", "given"), "category": item.get("category"),
-               "schedules": item.get("schedules"), "changes": item.get("changes")}
+               "schedules": item.get("schedules"), "changes": item.get("changes"),
+               "profiled": item.get("profiled")}
 
 
 def _resolve(path: str) -> Callable[..., Iterator[Candidate]]:
@@ -283,6 +422,28 @@ def run(job: Mapping[str, Any]) -> None:
     offers = 0
     source = _resolve(job.get("candidates", "nfc.runtime.dynamic.explorer:tuned_candidates"))
     log({"event": "start", "pid": os.getpid(), "cpus": cpus})
+    twins = 0
+
+    def publish_twin(library: str, make: Callable[[], str]) -> None:
+        """Build the profiled twin of `library` and name it for the training loop."""
+        nonlocal twins
+        t0 = time.monotonic()
+        try:
+            path = make()
+        except Exception as exc:  # noqa: BLE001 - no twin: no reports of that library
+            log({"event": "twin", "library": library, "status": "failed",
+                 "reason": f"{type(exc).__name__}: {exc}"[:300]})
+            return
+        twins += 1
+        rec = {"library": library, "profiled": path}
+        tmp = work / f".twin-{twins:04d}.tmp"
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, work / f"twin-{twins:04d}.json")
+        log({"event": "twin", **rec, "seconds": time.monotonic() - t0})
+
+    if job.get("report"):
+        publish_twin(current, lambda: build_candidate(job, str(work / "current-profiled.so"),
+                                                      True))
     for cand in source(job, log):
         path = cand["path"]
         try:
@@ -308,6 +469,12 @@ def run(job: Mapping[str, Any]) -> None:
         tmp.write_text(json.dumps(offer))
         os.replace(tmp, work / f"offer-{offers:04d}.json")
         log({"event": "offered", **offer})
+        if job.get("report"):
+            if cand.get("profiled"):
+                given = str(cand["profiled"])
+                publish_twin(path, lambda given=given: given)
+            elif callable(cand.get("twin")):
+                publish_twin(path, cand["twin"])
     log({"event": "done", "cpu_s": sum(os.times()[:4])})
     events.close()
 

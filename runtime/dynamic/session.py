@@ -20,6 +20,17 @@ training, and each swap's saving per step since it happened is what it won. When
 cost > win + budget x (the run's planned training time at the static speed; the elapsed
 steps' when the run's length is unknown), the explorer is stopped (what it found is in the
 tuning cache already) and training gets its cores back, as when a search ends.
+
+Kernel reports (`report_every`, default every 50th step): the explorer builds a *profiled
+twin* of the running library (and of every library it offers: the same schedules with the
+artifact's per-kernel clock stamps) and names it in `twin-<n>.json`. Once the running
+library has its twin, the loop runs the next REPORT_BURST + 1 steps on it (the first is a
+warm-up), then one step in every `report_every` (and at most one in `report_seconds` of
+wall time), and after each such sampled step writes
+`report-<n>.json`: per distinct kernel (symbol) of the step its name, plan positions, calls
+per step, time per call (the median over the last REPORT_BURST sampled steps) and share of
+the step's kernel time. The explorer orders its search by the latest report (explorer.py).
+Only sampled steps run the twin; the others run the plain library.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -55,6 +67,11 @@ MIN_AFTER_STEPS = 3
 EXPLORE_BUDGET = 0.10
 #: The most steps run before the explorer starts (however short they are).
 BASELINE_MAX_STEPS = 50
+#: Sampled steps a report's per-call times are the median of (after a warm-up step each
+#: time a library gets its profiled twin).
+REPORT_BURST = 3
+#: The default of `report_every`: one step in this many is sampled for the kernel report.
+REPORT_EVERY = 50
 
 
 @dataclass
@@ -90,8 +107,10 @@ class DynamicOptions:
     """The tuning cache file (empty: the default)."""
     seed: int = 0
     order: str = "auto"
-    """How the explorer ranks kernels: `auto`/`profile` (a profiled step; measured, so it
-    may vary run to run) or `cost` (the FLOP/byte estimate; deterministic)."""
+    """How the explorer ranks kernels: `auto`/`profile` (by the training loop's kernel
+    reports, `report_every`; before the first one, or without reports, by a profiled step of
+    its own; measured, so it may vary run to run) or `cost` (the FLOP/byte estimate, reports
+    ignored; deterministic)."""
     budget: float | None = EXPLORE_BUDGET
     """`--explore-budget`: the fraction of the run's training time exploring may cost beyond
     what its swaps won before it is stopped (None: never stopped; see `ExploreBudget`)."""
@@ -105,6 +124,15 @@ class DynamicOptions:
     step_time: Callable[[int, float], float] | None = None
     """Tests: the step time (seconds) the budget accounts for step `step` measured at
     `seconds` (so that a test decides what exploring costs, not the machine)."""
+    report_every: int = REPORT_EVERY
+    """Sample one step in this many for the per-kernel report to the explorer (0: no
+    reports, no profiled twins; the explorer ranks kernels itself, `order`)."""
+    report_seconds: float = 1.0
+    """...and at most one sampled step in this many seconds of wall time (so that tiny
+    steps do not pay a report every `report_every` of them)."""
+    report_wait: float = 30.0
+    """Seconds the explorer waits for the first report before ranking kernels itself (0
+    with `settle_at_step`, where the loop waits for the explorer)."""
 
 
 @dataclass
@@ -139,6 +167,10 @@ class Summary:
     explore_budget: float | None = None
     explore_stopped_step: int | None = None
     """The step at which the budget stopped the explorer (None: it did not)."""
+    reports: int = 0
+    """Kernel reports sent to the explorer."""
+    report: dict[str, Any] | None = None
+    """The latest kernel report (`kernel_report`)."""
 
     def lines(self) -> list[str]:
         out = [f"dynamic: training {self.train_s:.2f} s in steps; exploring "
@@ -163,6 +195,9 @@ class Summary:
                 text += (f"; exploration stopped at step {self.explore_stopped_step}: cost "
                          "> win + budget")
             out.append(text)
+        if self.report is not None:
+            out.append(f"dynamic: {self.reports} kernel report(s); the last "
+                       f"{report_line(self.report)}")
         out += [f"dynamic: rejected {r.get('path', '?')}: {r.get('status')}: "
                 f"{r.get('reason', '')}" for r in self.rejected]
         return out
@@ -274,13 +309,21 @@ class DynamicSession:
         self.planned_steps = opts.planned_steps
         self._explore_from = 0
         """Index in `_times` of the first step run with the explorer."""
+        self._twins: dict[str, str] = {}
+        """library -> its profiled twin (named by the explorer)."""
+        self._reported = 0
+        """`step.samples` already reported (the first of them, a warm-up, never is)."""
+        self._fresh = False
+        """A twin was just attached: sample a burst."""
+        self._sampled_at = 0.0
         job = dict(job, workdir=str(self.work), cpus=self.explore_cpus,
                    nice=0 if self.explore_cpus else 10,
                    reproducible=opts.reproducible, trials=opts.trials, top=opts.top,
                    rounds=opts.rounds,
                    confirm=opts.confirm, candidates=opts.candidates, order=opts.order,
                    libraries=list(opts.libraries), verify_timeout=opts.verify_timeout,
-                   db=opts.db, seed=opts.seed)
+                   db=opts.db, seed=opts.seed, report=opts.report_every > 0,
+                   report_wait=0.0 if opts.settle_at_step is not None else opts.report_wait)
         self.job = job
 
     def _start_explorer(self, step: int) -> None:
@@ -310,7 +353,7 @@ class DynamicSession:
                 os.sched_setaffinity(0, set(self.train_cpus))
             if self._train_threads is not None and self.step is not None \
                     and self._train_threads != self._full_threads:
-                self.step.fn.model.set_num_threads(self._train_threads)
+                self.step.set_threads(self._train_threads)
         self.metrics({"event": "explore_start", "step": step, "baseline_steps": self._explore_from,
                       "baseline_ms": self.summary.baseline_ms, "budget": self.opts.budget})
 
@@ -339,7 +382,7 @@ class DynamicSession:
         self._old_affinity = None
         full = getattr(self, "_full_threads", None)
         if full is not None and self.step is not None:
-            self.step.fn.model.set_num_threads(full)
+            self.step.set_threads(full)
             self.summary.threads_after = full
         if self.verbose:
             self.log(f"nfc: dynamic mode: {why} at step {step}; training on every "
@@ -389,6 +432,50 @@ class DynamicSession:
                 self._report_swap(p)
         if exploring and self.budget is not None:
             self._check_budget(step)
+        if self.opts.report_every > 0:
+            self._kernel_report(step)
+
+    # -- kernel reports ----------------------------------------------------------------------
+
+    def _kernel_report(self, step: int) -> None:
+        """Report the sampled steps' kernel times (module doc) and sample the next step
+        when one is due."""
+        st = self.step
+        if st is None or not st.profiled:
+            return
+        if self._fresh:  # the twin just came: a warm-up step (new code, cold arena) + a burst
+            self._fresh = False
+            st.sample(REPORT_BURST + 1)
+            return
+        if st.sampling:
+            return
+        n = len(st.samples)
+        if n > 1 and n > self._reported:
+            first = self._reported == 0
+            self._reported = n
+            self._send_report(step, st.samples[1:][-REPORT_BURST:], first)
+        now = time.monotonic()
+        if step % self.opts.report_every == 0 and \
+                now - self._sampled_at >= self.opts.report_seconds:
+            self._sampled_at = now
+            st.sample(1)
+
+    def _send_report(self, step: int, samples: list[np.ndarray], first: bool) -> None:
+        assert self.step is not None
+        rep = kernel_report(self.step.kernels(), samples)
+        self.summary.reports += 1
+        rep = {"seq": self.summary.reports, "step": step, "library": self.step.path, **rep}
+        self.summary.report = rep
+        tmp = self.work / f".report-{rep['seq']:04d}.tmp"
+        tmp.write_text(json.dumps(rep))
+        os.replace(tmp, self.work / f"report-{rep['seq']:04d}.json")
+        top = [{k: r[k] for k in ("name", "share", "calls", "per_call_ms")}
+               for r in rep["kernels"][:5]]
+        self.metrics({"event": "kernel_report", "step": step, "seq": rep["seq"],
+                      "samples": rep["samples"], "kernel_ms": rep["kernel_ms"],
+                      "kernels": top})
+        if self.verbose and first:  # the first of each library
+            self.log(f"nfc: dynamic mode: {report_line(rep)}")
 
     def _check_budget(self, step: int) -> None:
         """Stop the explorer when exploring cost training more than it won plus the
@@ -434,6 +521,31 @@ class DynamicSession:
     def _poll(self, step: int, threads: int) -> None:
         if self.proc is None:
             return
+        self._poll_offers(step)
+        for f in sorted(self.work.glob("twin-*.json")):
+            if f.name in self._seen:
+                continue
+            self._seen.add(f.name)
+            twin = json.loads(f.read_text())
+            self._twins[twin["library"]] = twin["profiled"]
+        self._attach_twin()
+        self._poll_end(step)
+
+    def _attach_twin(self) -> None:
+        st = self.step
+        if st is None or st.profiled or st.path not in self._twins:
+            return
+        try:
+            ok = st.attach_profiled(st.path, self._twins[st.path])
+        except (ArtifactError, OSError):  # no twin: no reports of this library
+            ok = False
+        if ok:
+            self._reported, self._fresh = 0, True
+        else:
+            del self._twins[st.path]
+
+    def _poll_offers(self, step: int) -> None:
+        assert self.proc is not None
         for f in sorted(self.work.glob("offer-*.json")):
             if f.name in self._seen:
                 continue
@@ -454,6 +566,9 @@ class DynamicSession:
             self._pending.append(rec)
             self.metrics({"event": "swap", "step": step, "kernels": rec["kernels"],
                           "changes": rec["changes"], "step_ms_before": rec["before_ms"]})
+
+    def _poll_end(self, step: int) -> None:
+        assert self.proc is not None
         if self.proc.poll() is not None and self.summary.explorer_done_step is None:
             self.summary.explorer_done_step = step
             self._done_at = len(self._times)
@@ -533,6 +648,50 @@ class DynamicSession:
 
 def _ms(x: float) -> str:
     return f"{x * 1e3:.3g} us" if x < 1.0 else f"{x:.3g} ms"
+
+
+def kernel_report(kernels: list[dict[str, Any]], samples: list[np.ndarray]) -> dict[str, Any]:
+    """The report of sampled steps: `kernels` are the step's calls (the library's metadata,
+    plan order), `samples` each sampled step's seconds per call. Per distinct kernel (the
+    calls of one symbol): name (the label of its first call without the plan position), plan
+    positions (`ops`, the IR op of each call), calls per step, the median time per call
+    (ms) and per step, and share of the step's kernel time; largest first."""
+    secs = np.median(np.array(samples), axis=0)
+    groups: dict[str, dict[str, Any]] = {}
+    for k, t in zip(kernels, secs, strict=True):
+        head, _, rest = k["label"].partition(" ")
+        op = int(head) if head.isdigit() else None
+        g = groups.setdefault(k["symbol"], {"symbol": k["symbol"],
+                                            "name": _short(rest if op is not None
+                                                           else k["label"]),
+                                            "ops": [], "calls": 0, "ms": 0.0})
+        g["ops"].append(op)
+        g["calls"] += 1
+        g["ms"] += float(t) * 1e3
+    total = sum(g["ms"] for g in groups.values())
+    out = sorted(groups.values(), key=lambda g: -g["ms"])
+    for g in out:
+        g["per_call_ms"] = g["ms"] / g["calls"]
+        g["share"] = g["ms"] / total if total > 0 else 0.0
+    return {"samples": len(samples), "kernel_ms": total, "kernels": out}
+
+
+def _short(label: str) -> str:
+    """A plan label without most of a fused kernel's result names: `%d_y_5 +6 kernel
+    mlp.nf:5:1` for `%d_y_5, %d_y_3, ... kernel mlp.nf:5:1`."""
+    m = re.match(r"((?:%[^,\s]*, )*%[^,\s]*)(.*)$", label)
+    if m is None:
+        return label
+    names = m.group(1).split(", ")
+    return names[0] + (f" +{len(names) - 1}" if len(names) > 1 else "") + m.group(2)
+
+
+def report_line(rep: dict[str, Any], top: int = 3) -> str:
+    """`kernel shares at step 12 (1.3 ms of kernels per step): %h1 [...] 41% (2 calls), ...`"""
+    parts = [f"{g['name'][:70]} {g['share']:.0%} ({g['calls']} call"
+             f"{'s' if g['calls'] != 1 else ''})" for g in rep["kernels"][:top]]
+    return (f"kernel shares at step {rep['step']} ({rep['kernel_ms']:.3g} ms of kernels per "
+            f"step): " + ", ".join(parts))
 
 
 def swap_line(rec: dict[str, Any]) -> str:
