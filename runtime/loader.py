@@ -432,16 +432,57 @@ class Model:
         """Threads the parallel loops use."""
         return int(self.symbol("nfc_get_num_threads", restype=ctypes.c_int32)())
 
+    def named_tensors(self) -> dict[str, np.ndarray]:
+        """The persistent tensors by the names an unfused build gives them: `tensors`, except
+        that a tensor laid out by `parallel-fusion{layout=true}` (metadata `views`) appears
+        as its parts, each a (strided) numpy view of the buffer, so writes go into it. The
+        same as `tensors` for a build without layout."""
+        views = self.metadata.get("views") or []
+        if not views:
+            return dict(self.tensors)
+        by_parent: dict[str, list[Mapping[str, Any]]] = {}
+        for v in views:
+            by_parent.setdefault(str(v["parent"]), []).append(v)
+        out: dict[str, np.ndarray] = {}
+        for name, arr in self.tensors.items():
+            if name not in by_parent:
+                out[name] = arr
+                continue
+            for v in by_parent[name]:
+                axis, off, shape = int(v["axis"]), int(v["offset"]), tuple(v["shape"])
+                sl = tuple(slice(off, off + shape[axis]) if k == axis else slice(None)
+                           for k in range(arr.ndim))
+                out[str(v["name"])] = arr[sl]
+        return out
+
+    def named_specs(self) -> dict[str, TensorSpec]:
+        """`specs` of the persistent tensors by the names of `named_tensors`."""
+        specs = {n: s for n, s in self.specs.items() if n in self.tensors}
+        out: dict[str, TensorSpec] = {}
+        for name, arr in self.named_tensors().items():
+            s = specs.get(name)
+            if s is None:
+                parent = next(str(v["parent"]) for v in self.metadata["views"]
+                              if v["name"] == name)
+                s = TensorSpec(name, tuple(arr.shape), arr.dtype, specs[parent].role)
+            out[name] = s
+        return out
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of the persistent tensors, by name."""
-        return {n: a.copy() for n, a in self.tensors.items()}
+        """Copies of the persistent tensors, by name (a laid-out tensor by its parts' names,
+        `named_tensors`, so a state moves between builds with and without the layout)."""
+        return {n: a.copy() for n, a in self.named_tensors().items()}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Copy arrays into the persistent tensors (in place: bound pointers stay valid)."""
-        missing = sorted(set(self.tensors) - set(arrays))
+        """Copy arrays into the persistent tensors (in place: bound pointers stay valid), by
+        the names of `named_tensors` (a laid-out tensor's parts; its own name works too)."""
+        targets = self.named_tensors()
+        if set(self.tensors) <= set(arrays) and not set(targets) <= set(arrays):
+            targets = self.tensors
+        missing = sorted(set(targets) - set(arrays))
         if missing:
             raise ArtifactError(f"state is missing tensor(s) {', '.join(missing)}")
-        for name, dst in self.tensors.items():
+        for name, dst in targets.items():
             src = np.asarray(arrays[name])
             if src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ArtifactError(f"tensor '{name}' must be {dst.dtype}{list(dst.shape)}, "

@@ -316,7 +316,7 @@ def _find_checkpoint(cfg: TrainConfig, model: Model) -> ckpt.Loaded | None:
         return None
     if not cfg.checkpoint:
         raise TrainError("--resume needs --checkpoint DIR")
-    expect = {n: (a.shape, a.dtype) for n, a in model.tensors.items()}
+    expect = {n: (a.shape, a.dtype) for n, a in model.named_tensors().items()}
     loaded = ckpt.load_latest(cfg.checkpoint, expect, warn=cfg.log)
     if loaded is None:
         cfg.log(f"nfc: no checkpoint in '{cfg.checkpoint}' yet; starting from scratch")
@@ -409,7 +409,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         if cfg.checkpoint and not (dist and not dist.is_root):
             if metrics is not None:  # what was logged up to the checkpoint survives a kill
                 metrics.flush()
-            ckpt.save(cfg.checkpoint, model.step, model.tensors,
+            ckpt.save(cfg.checkpoint, model.step, model.named_tensors(),
                       {"seed": cfg.seed, "data": cfg.data, "batch": batch * ranks,
                        "order": order.state(), "epoch": order.epoch,
                        "source": os.path.basename(cfg.source)},

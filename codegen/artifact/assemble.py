@@ -45,7 +45,13 @@ from nfc.codegen.artifact.collective import (
     collective_waits,
     emit_collective,
 )
-from nfc.codegen.artifact.initgen import GENERATOR, GENERATOR_VERSION, emit_init_loop
+from nfc.codegen.artifact.initgen import (
+    GENERATOR,
+    GENERATOR_VERSION,
+    emit_init_loop,
+    layout_parts,
+    part_view,
+)
 from nfc.codegen.artifact.kcache import ObjectCache
 from nfc.codegen.artifact.kernels import KernelSet
 from nfc.codegen.artifact.plan import FuncPlan, Slot, plan_function
@@ -80,6 +86,10 @@ class TensorInfo:
     type: TensorType
     init: str
     trainable: bool
+    layout: dict[str, Any] | None = None
+    """A parameter laid out by `parallel-fusion{layout=true}` (and its optimizer state): the
+    parts it concatenates (`parts`, `axis`, `offsets`, `inits`), each initialised and shown
+    by its own name."""
 
 
 @dataclass
@@ -220,8 +230,10 @@ def persistent_tensors(funcs: Sequence[Func]) -> list[TensorInfo]:
             role = attrs.get("nf.role")
             if role not in PERSISTENT_ROLES:
                 continue
+            lay = attrs.get("nf.layout")
             t = TensorInfo(a.name or "", str(role), a.type, str(attrs.get("nf.init", "zeros")),
-                           bool(attrs.get("nf.trainable", role == "param")))
+                           bool(attrs.get("nf.trainable", role == "param")),
+                           dict(lay) if isinstance(lay, dict) else None)
             old = out.get(t.name)
             if old is None:
                 out[t.name] = t
@@ -229,7 +241,45 @@ def persistent_tensors(funcs: Sequence[Func]) -> list[TensorInfo]:
                 raise CompileError(error(
                     f"'{t.name}' is {old.role} {old.type} in one function and {t.role} "
                     f"{t.type} in @{f.name}", f.loc).diagnostics)
-    return list(out.values())
+    return _state_layouts(list(out.values()))
+
+
+def _state_layouts(tensors: list[TensorInfo]) -> list[TensorInfo]:
+    """The optimizer state of a laid-out parameter `p` (`p_m`, `p_v`, `p_mom`: the names
+    training-functions gives it, with p's type) laid out like it, with the parts' state
+    names (`wq_m`, ...), so it is shown and checkpointed as the unfused build's."""
+    from dataclasses import replace
+
+    laid = {t.name: t for t in tensors if t.layout is not None and t.role == "param"}
+    if not laid:
+        return tensors
+    out = []
+    for t in tensors:
+        if t.role == "opt_state" and t.layout is None:
+            for pname, pt in laid.items():
+                suffix = t.name[len(pname) + 1:] if t.name.startswith(pname + "_") else ""
+                if suffix in ("m", "v", "mom") and pt.type == t.type:
+                    lay = pt.layout or {}
+                    t = replace(t, layout={
+                        "parts": [f"{q}_{suffix}" for q in lay["parts"]],
+                        "axis": lay["axis"], "offsets": list(lay["offsets"]),
+                        "inits": [t.init for _ in lay["parts"]]})
+                    break
+        out.append(t)
+    return out
+
+
+def tensor_views(tensors: Sequence[TensorInfo]) -> list[dict[str, Any]]:
+    """The metadata's `views`: per part of a laid-out tensor its name, parent, axis, offset
+    and shape (the names the unfused build gives these tensors)."""
+    views = []
+    for t in tensors:
+        if t.layout is None:
+            continue
+        for name, _init, shape, off, _size in layout_parts(t.type.shape, t.layout):
+            views.append({"name": name, "parent": t.name, "axis": int(t.layout["axis"]),
+                          "offset": off, "shape": list(shape)})
+    return views
 
 
 def _flops_bytes(op: Op) -> tuple[float, int]:
@@ -334,7 +384,10 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
         "target": {"triple": target.triple, "cpu": target.cpu, "features": feats},
         "profile": profile,
         "tensors": [_tensor_json(t.name, t.type, role=t.role, init=t.init,
-                                 trainable=t.trainable) for t in tensors],
+                                 trainable=t.trainable,
+                                 **({"layout": t.layout} if t.layout is not None else {}))
+                    for t in tensors],
+        **({"views": views} if (views := tensor_views(tensors)) else {}),
         "init": {"symbol": "nfc_init", "generator": GENERATOR, "version": GENERATOR_VERSION},
         "functions": fmeta,
         "attributes": _json_attrs(module.attrs),
@@ -544,11 +597,24 @@ def _emit_init(llmod, tensors: Sequence[TensorInfo]) -> None:
     PTR, I8, I32, I64, VOID = _types()
     fn, b = _exported(llmod, "nfc_init", VOID, [PTR, I64])
     table, seed = fn.args
+    seen = {t.name for t in tensors}
+    for t in tensors:  # a part's name names one tensor: `named_tensors`, checkpoints
+        for part in (t.layout or {}).get("parts", ()):
+            if part in seen:
+                raise CompileError(error(f"'{t.name}': nf.layout part '{part}' is the name "
+                                         "of another tensor or part").diagnostics)
+            seen.add(part)
     for k, t in enumerate(tensors):
         p = b.load(b.gep(table, [ir.Constant(I64, k)], source_etype=PTR), typ=PTR)
         try:
-            emit_init_loop(b, llmod, p, t.name, t.init, t.type.shape, t.type.dtype, seed)
-        except ValueError as exc:
+            if t.layout is None:
+                emit_init_loop(b, llmod, p, t.name, t.init, t.type.shape, t.type.dtype, seed)
+                continue
+            axis = int(t.layout["axis"])
+            for name, init, shape, off, size in layout_parts(t.type.shape, t.layout):
+                emit_init_loop(b, llmod, p, name, init, shape, t.type.dtype, seed,
+                               view=part_view(t.type.shape, axis, off, size))
+        except (ValueError, KeyError, TypeError) as exc:
             raise CompileError(error(f"'{t.name}': {exc}").diagnostics) from None
     b.ret_void()
 

@@ -138,12 +138,16 @@ def reference_init(name: str, init: str, shape: tuple[int, ...], dtype: DType,
 
 
 def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...], dtype: DType,
-                   seed) -> None:
+                   seed, view: tuple[int, int, int] | None = None) -> None:
     """Emit, at `b`'s position, code filling the tensor at `ptr` (llvmlite values; `seed` is
     an i64): a call of one of a few generic fill functions of the module (`_helper`), with
     this tensor's size, key and parameters as arguments. One loop per tensor, specialised to
     its constants, made `nfc_init` of a 164-tensor model take 4 s of LLVM optimisation; the
-    helpers do the same arithmetic on the same values, so the numbers are the same."""
+    helpers do the same arithmetic on the same values, so the numbers are the same.
+
+    `view = (inner, row, base)` fills a part of a laid-out parameter (`part_view`): element
+    `i` of the part goes to element `base + (i // inner) * row + i % inner` of the buffer at
+    `ptr`, drawn exactly as the part alone would be."""
     from llvmlite import ir
 
     from nfc.codegen.llvm import intrinsics
@@ -155,12 +159,18 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
     if size == 0:
         return
     n = ir.Constant(intrinsics.I64, size)
+    extra: list = []
+    strided = view is not None and view[0] != view[1]
+    if view is not None:
+        ptr = b.gep(ptr, [ir.Constant(intrinsics.I64, view[2])], source_etype=et)
+        if strided:
+            extra = [ir.Constant(intrinsics.I64, view[0]), ir.Constant(intrinsics.I64, view[1])]
     if spec.kind == "fill":
         if dtype in (DType.F16, DType.BF16):  # stored as 16-bit patterns
             val = ir.Constant(et, _half_bits(spec.a, dtype))
         else:
             val = ir.Constant(et, spec.a) if dtype.is_float else ir.Constant(et, int(spec.a))
-        b.call(_helper(module, "fill", et, dtype), [ptr, n, val])
+        b.call(_helper(module, "fill", et, dtype, strided), [ptr, n, val, *extra])
         return
     if not dtype.is_float:
         raise ValueError(f"a random initializer for the integer tensor '{name}'")
@@ -169,8 +179,9 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
                 ir.Constant(intrinsics.I64, high - (1 << 64) if high >= 1 << 63 else high))
     # uniform: lo + (hi - lo) * u; normal: mean + std * z (parameters as doubles)
     p1, p2 = (spec.a, spec.b - spec.a) if spec.kind == "uniform" else (spec.a, spec.b)
-    b.call(_helper(module, spec.kind, et, dtype),
-           [ptr, n, key, ir.Constant(intrinsics.F64, p1), ir.Constant(intrinsics.F64, p2)])
+    b.call(_helper(module, spec.kind, et, dtype, strided),
+           [ptr, n, key, ir.Constant(intrinsics.F64, p1), ir.Constant(intrinsics.F64, p2),
+            *extra])
 
 
 def _half_bits(value: float, dtype: DType) -> int:
@@ -183,20 +194,24 @@ def _half_bits(value: float, dtype: DType) -> int:
     return int(x.view(np.uint32)) >> 16
 
 
-def _helper(module, kind: str, et, dtype: DType | None = None):  # -> ir.Function
+def _helper(module, kind: str, et, dtype: DType | None = None,
+            strided: bool = False):  # -> ir.Function
     """The module's internal, never inlined `void nfc_init_<kind>_<type>(ptr, i64 n, ...)`:
-    fill (value), uniform (key, lo, hi - lo) or normal (key, mean, std) of n elements."""
+    fill (value), uniform (key, lo, hi - lo) or normal (key, mean, std) of n elements;
+    `strided`: two more arguments `inner, row`, element i stored at
+    `(i / inner) * row + i % inner`."""
     from llvmlite import ir
 
     from nfc.codegen.llvm import intrinsics
     from nfc.codegen.llvm.emitter import set_attributes
 
-    fname = f"nfc_init_{kind}_{dtype or et}"
+    fname = f"nfc_init_{kind}_{dtype or et}" + ("_strided" if strided else "")
     fn = module.globals.get(fname)
     if fn is not None:
         return fn
     i64, f64 = intrinsics.I64, intrinsics.F64
-    args = [ir.PointerType(), i64] + ([et] if kind == "fill" else [i64, f64, f64])
+    args = [ir.PointerType(), i64] + ([et] if kind == "fill" else [i64, f64, f64]) + (
+        [i64, i64] if strided else [])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=fname)
     fn.linkage = "internal"
     set_attributes(fn, ("nounwind", "noinline"))
@@ -233,10 +248,57 @@ def _helper(module, kind: str, et, dtype: DType | None = None):  # -> ir.Functio
             val = intrinsics.f32_to_bf16(b, b.fptrunc(d, intrinsics.F32), native=False)
         else:
             val = d if et == intrinsics.F64 else b.fptrunc(d, et)
-    b.store(val, b.gep(ptr, [i], source_etype=et))
+    at: ir.Value = i
+    if strided:
+        inner, row = fn.args[-2], fn.args[-1]
+        at = b.add(b.mul(b.udiv(i, inner), row), b.urem(i, inner))
+    b.store(val, b.gep(ptr, [at], source_etype=et))
     nxt = b.add(i, ir.Constant(intrinsics.I64, 1))
     i.add_incoming(nxt, loop)
     b.cbranch(b.icmp_signed("<", nxt, size), loop, done)
     b.position_at_end(done)
     b.ret_void()
     return fn
+
+
+def part_view(shape: tuple[int, ...], axis: int, offset: int, size: int) -> tuple[int, int, int]:
+    """`(inner, row, base)` of the part `[offset, offset + size)` along `axis` of a buffer of
+    `shape` (row-major): the part's rows of `inner` elements start `row` elements apart, the
+    first at `base`."""
+    after = math.prod(shape[axis + 1:])
+    return size * after, shape[axis] * after, offset * after
+
+
+def layout_parts(shape: tuple[int, ...], layout: dict) -> list[tuple[str, str, tuple[int, ...],
+                                                                     int, int]]:
+    """Per part of a laid-out parameter (`nf.layout` of the parallel-fusion pass): its name,
+    initializer, shape, offset and size along the layout's axis."""
+    axis = int(layout["axis"])
+    offsets = [int(o) for o in layout["offsets"]]
+    if not 0 <= axis < len(shape):
+        raise ValueError(f"nf.layout axis {axis} is not a dimension of {list(shape)}")
+    if not (len(layout["parts"]) == len(layout["inits"]) == len(offsets) >= 1):
+        raise ValueError("nf.layout needs as many parts, offsets and inits, at least one")
+    ends = offsets[1:] + [shape[axis]]
+    if offsets[0] != 0 or any(a >= b for a, b in zip(offsets, ends, strict=True)):
+        raise ValueError(f"nf.layout offsets {offsets} do not split dimension {axis} of "
+                         f"{list(shape)} into non-empty parts")
+    out = []
+    for name, init, off, end in zip(layout["parts"], layout["inits"], offsets, ends,
+                                    strict=True):
+        pshape = tuple(end - off if k == axis else n for k, n in enumerate(shape))
+        out.append((str(name), str(init), pshape, off, end - off))
+    return out
+
+
+def reference_init_layout(layout: dict, shape: tuple[int, ...], dtype: DType,
+                          seed: int) -> np.ndarray:
+    """A laid-out parameter as the generator fills it: every part drawn by its own name and
+    initializer (`reference_init`), so it equals the unfused parts."""
+    out = np.empty(shape, dtype=dtype.numpy)
+    axis = int(layout["axis"])
+    for name, init, pshape, off, size in layout_parts(shape, layout):
+        sl = tuple(slice(off, off + size) if k == axis else slice(None)
+                   for k in range(len(shape)))
+        out[sl] = reference_init(name, init, pshape, dtype, seed)
+    return out

@@ -229,6 +229,28 @@ def random_inputs(func: Any, seed: int = 0) -> list[Any]:
     return out
 
 
+def _laid_out_inputs(f: Any, g: Any, inputs: list[Any]) -> list[Any] | None:
+    """`inputs` of `f` for `g`, whose arguments are `f`'s by name except parameters with an
+    `nf.layout` (the parallel-fusion pass), which get their parts' inputs concatenated; None
+    when `g`'s arguments cannot be made so."""
+    import numpy as np
+
+    by_name = {a.name: x for a, x in zip(f.args, inputs, strict=True)}
+    out = []
+    for a, attrs in zip(g.args, g.arg_attrs, strict=True):
+        lay = attrs.get("nf.layout")
+        if isinstance(lay, dict) and all(p in by_name for p in lay.get("parts", ())):
+            x = np.concatenate([by_name[p] for p in lay["parts"]], axis=int(lay["axis"]))
+        elif a.name in by_name:
+            x = by_name[a.name]
+        else:
+            return None
+        if tuple(np.shape(x)) != tuple(a.shape):
+            return None
+        out.append(x)
+    return out
+
+
 def compare_modules(before: Any, after: Any) -> None:
     """Run each function both modules have (same signature) on the same random inputs in the
     interpreter; a CompileError when a result differs beyond the dtype's tolerance."""
@@ -241,9 +263,13 @@ def compare_modules(before: Any, after: Any) -> None:
         if not after.has_func(f.name):
             continue
         g = after.func(f.name)
-        if [a.type for a in f.args] != [a.type for a in g.args]:
-            continue
         inputs = random_inputs(f)
+        g_inputs = inputs
+        if [a.type for a in f.args] != [a.type for a in g.args]:
+            # parameters laid out by parallel-fusion{layout=true}: their parts concatenated
+            g_inputs = _laid_out_inputs(f, g, inputs)
+            if g_inputs is None:
+                continue
         try:
             want = run(f, inputs, module=before)
         except InterpError as exc:
@@ -251,7 +277,7 @@ def compare_modules(before: Any, after: Any) -> None:
                   file=sys.stderr)
             continue
         try:
-            got = run(g, inputs, module=after)
+            got = run(g, g_inputs, module=after)
         except InterpError as exc:
             raise error(f"--eval: @{f.name} fails after the pipeline: {exc}", g.loc) from None
         if len(want) != len(got):

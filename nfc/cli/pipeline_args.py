@@ -112,17 +112,29 @@ def add_build_option_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep saved activations smaller: ReLU masks as booleans (masks, "
                         "exact: the default of the flag), plus the weight gradients' saved "
                         "inputs in bf16 or f16 (lossy); docs/memory.md")
+    p.add_argument("--param-layout", choices=("split", "concat"), default="split",
+                   help="concat: sibling weights read by one input (LSTM gates, Q/K/V) are "
+                        "stored as one concatenated parameter that the optimizer updates "
+                        "(parallel-fusion{layout=true} before training-functions); names, "
+                        "init and checkpoints stay the parts' (docs/passes-builtin.md; "
+                        "default split)")
 
 
 def build_options_given(args: argparse.Namespace) -> bool:
     """Whether any option of `add_build_option_arguments` changes the pipeline."""
     return (args.precision != "f32" or args.memory_budget is not None
-            or args.compress_activations is not None)
+            or args.compress_activations is not None
+            or getattr(args, "param_layout", "split") != "split")
 
 
 def with_build_options(pipeline: str, args: argparse.Namespace) -> str:
     """`pipeline` with the passes `--precision` (precision), `--compress-activations`
-    (compress-activations) and `--memory-budget` (remat{peak=...}) add, in that order."""
+    (compress-activations) and `--memory-budget` (remat{peak=...}) add, in that order, after
+    `--param-layout concat` (parallel-fusion{layout=true} before training-functions)."""
+    if getattr(args, "param_layout", "split") == "concat":
+        from nfc.passes.parallel_fusion import with_param_layout
+
+        pipeline = with_param_layout(pipeline)
     if args.precision != "f32":
         from nfc.passes.precision import with_precision
 

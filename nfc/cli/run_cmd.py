@@ -105,8 +105,9 @@ def _load_checkpoint(model: Any, where: str) -> None:
     checkpoint of another optimizer serves as well."""
     from nfc.runtime import checkpoint as ckpt
 
-    expect = {n: (a.shape, a.dtype) for n, a in model.tensors.items()}
-    optional = {n for n, s in model.specs.items() if s.role == "opt_state"}
+    named = model.named_tensors()  # a laid-out parameter by its parts' names
+    expect = {n: (a.shape, a.dtype) for n, a in named.items()}
+    optional = {n for n, s in model.named_specs().items() if s.role == "opt_state"}
     if os.path.isdir(where):
         found = ckpt.load_latest(where, expect, extra_ok=True, optional=optional)
         if found is None:
@@ -116,7 +117,7 @@ def _load_checkpoint(model: Any, where: str) -> None:
         tensors, info = ckpt.load(where, expect, extra_ok=True, optional=optional)
     else:
         raise UsageError(f"no such checkpoint file or directory: '{where}'")
-    model.load_state_dict({n: tensors.get(n, a) for n, a in model.tensors.items()})
+    model.load_state_dict({n: tensors.get(n, a) for n, a in named.items()})
     seed = info.get("seed", 0)
     model.seed = seed if isinstance(seed, int) else 0
 
