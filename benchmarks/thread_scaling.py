@@ -22,7 +22,9 @@ others: before/after comparisons in one run.
 workers sleep, nfc.codegen.jit.openmp), `active` or `passive` sets `OMP_WAIT_POLICY` in the
 worker's environment (`active`: workers spin at every barrier, libgomp's behaviour outside
 nfc before it chose), `default` sets `GOMP_SPINCOUNT=300000` (libgomp's own default: spin
-300,000 times, then sleep).
+300,000 times, then sleep). `pool` and `gomp` choose the thread backend of the library's
+parallel loops (`NFC_THREADS_BACKEND`: nfc's own pool, nfc.codegen.llvm.threadpool, or
+libgomp's `GOMP_parallel`), e.g. `--policy pool,gomp` compares them round by round.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ("lltm", "sc_rnn", "sublstm", "lstm_cell", "mlp3", "lenet5")
 CONFIGS = ("1T", "2T", "1T busy", "2T busy")
 POLICIES = {"nfc": {}, "active": {"OMP_WAIT_POLICY": "active"},
-            "passive": {"OMP_WAIT_POLICY": "passive"}, "default": {"GOMP_SPINCOUNT": "300000"}}
+            "passive": {"OMP_WAIT_POLICY": "passive"}, "default": {"GOMP_SPINCOUNT": "300000"},
+            "pool": {"NFC_THREADS_BACKEND": "nfc"}, "gomp": {"NFC_THREADS_BACKEND": "gomp"}}
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 
@@ -118,7 +121,8 @@ def worker(so: str, inputs: str, rounds: int, min_time: float, busy: int) -> dic
                 for p in procs:
                     p.kill()
                     p.wait()
-    return {"policy": openmp_wait_policy(),
+    backend = os.environ.get("NFC_THREADS_BACKEND", "default")
+    return {"policy": f"{openmp_wait_policy()}; backend {backend}",
             **{c: statistics.median(v) for c, v in got.items()},
             **{f"{c} min": v for c, v in best.items()}}
 
@@ -137,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
     ap.add_argument("--busy", type=int, default=1, help="busy-loop processes beside (1)")
     ap.add_argument("--policy", default="nfc",
-                    help="comma-separated wait policies, compared round by round: nfc, active, "
-                         "passive, default, spin=N (GOMP_SPINCOUNT=N)")
+                    help="comma-separated wait policies or thread backends, compared round by "
+                         "round: nfc, active, passive, default, spin=N (GOMP_SPINCOUNT=N), pool "
+                         "(nfc's thread pool), gomp (libgomp's GOMP_parallel)")
     ap.add_argument("--out", default=str(ROOT / "out" / "thread_scaling"))
     ap.add_argument("--json", help="append one JSON line per model and policy")
     ap.add_argument("--baseline", metavar="TREE",
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items()
-            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS",
+                         "NFC_THREADS_BACKEND")}
     print(f"load: {os.getloadavg()[0]:.2f} (1-minute average) on {os.cpu_count()} cores; "
           f"{args.rounds} rounds x {args.min_time} s per configuration")
     head = f"{'model':<12} {'policy':<10} {'kernels':>7} " + " ".join(

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from nfc.codegen.cpu import target_machine
-from nfc.codegen.jit import _libgomp, emit_kernel, get_num_threads, new_module, optimize
+from nfc.codegen.jit import _pool, emit_kernel, get_num_threads, new_module, optimize
 from nfc.codegen.schedule import Schedule
 from nfc.ir import Axis, ComputeOp, Const, DType, Index, Load, TensorType, Value
 from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams
@@ -62,7 +62,7 @@ def _timed(op: ComputeOp, schedule: Schedule | None, inputs: list[np.ndarray],
     import llvmlite.binding as llvm
     from llvmlite import ir
 
-    _libgomp()
+    _pool()  # libgomp and nfc's thread pool, which the kernel's parallel loops call
     module = new_module("devbench")
     info = emit_kernel(module, "k", op, schedule)
     kfn = module.get_global("k")

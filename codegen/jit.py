@@ -3,9 +3,12 @@
 `emit_kernel(module, name, op, schedule)` adds `void name(ptr buffers)` to an llvmlite module;
 `optimize(module)` parses and runs LLVM's O3 pipeline for the host; `compile_kernel(op)` does
 both and loads the code with MCJIT, returning a `JitKernel` callable on numpy arrays.
-Parallel loops call libgomp, which is loaded into the process once (`load_library_permanently`)
-so MCJIT resolves `GOMP_parallel`, with idle threads that sleep rather than spin (`_libgomp`);
-`set_num_threads` sets its team size.
+Parallel loops call `nfc_parallel`, nfc's thread pool (nfc.codegen.llvm.threadpool), compiled
+once per process into its own MCJIT engine whose functions are registered for the kernels
+(`_pool`); with `NFC_THREADS_BACKEND=gomp` it hands regions to libgomp's `GOMP_parallel`.
+libgomp is loaded into the process once (`load_library_permanently`), with idle threads that
+sleep rather than spin (`_libgomp`); its `omp_set_num_threads` (`set_num_threads`) sets the
+team size of both backends.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,10 +212,58 @@ def _libgomp() -> ctypes.CDLL:
         _policy.append(f"OMP_WAIT_POLICY={WAIT_POLICY} (nfc)")
     try:
         llvm.load_library_permanently(name)
-        return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
     finally:
         if not user and _policy[-1].endswith("(nfc)"):
             os.environ.pop("OMP_WAIT_POLICY", None)
+    return lib
+
+
+#: The MCJIT engine holding nfc's thread pool in this process (kept alive here).
+_pool_engine: list[Any] = []
+_pool_lock = threading.Lock()
+
+
+def _pool() -> dict[str, int]:
+    """nfc's thread pool (nfc.codegen.llvm.threadpool) compiled once per process into its own
+    MCJIT engine, its functions registered (`llvm.add_symbol`) so that JIT-compiled kernels
+    resolve `nfc_parallel`; returns their addresses. It loads libgomp first (`_libgomp`).
+    Every path that JIT-compiles kernels calls this (compile_kernel, compile_kernels,
+    devbench); loading a library does not (each library links its own pool)."""
+    import llvmlite.binding as llvm
+
+    from nfc.codegen.llvm.threadpool import EXPORTS, runtime_ir
+
+    if _pool_engine:
+        return _pool_engine[1]
+    _libgomp()
+    with _pool_lock:  # one engine per process, even when two threads get here at once
+        if not _pool_engine:
+            tm = target_machine()
+            ref = optimize(str(new_module("nfc_threads")) + runtime_ir(tm.triple, hidden=False))
+            engine = llvm.create_mcjit_compiler(ref, tm)
+            engine.finalize_object()
+            addrs = {name: engine.get_function_address(name) for name in EXPORTS}
+            for name, addr in addrs.items():
+                llvm.add_symbol(name, addr)
+            _pool_engine[:] = [engine, addrs]
+    return _pool_engine[1]
+
+
+def thread_pool_stats() -> dict[str, int]:
+    """Counters of this process's JIT thread pool (not of loaded libraries, which have their
+    own): `regions` run on the pool, chunks run by the `caller` and by `helpers`, `joins` of
+    helpers, `late` wake-ups (a helper found the region closed or full), workers `started`."""
+    out = (ctypes.c_int64 * 6)()
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_pool()["nfc_par_stats"])(ctypes.addressof(out))
+    return dict(zip(("regions", "caller", "helpers", "joins", "late", "started"), out,
+                    strict=True))
+
+
+def hold_thread_pool(on: bool) -> None:
+    """Test hook: while on, the JIT pool's workers that wake up wait before joining a region
+    (so its caller runs it alone); off releases them."""
+    ctypes.CFUNCTYPE(None, ctypes.c_int32)(_pool()["nfc_par_hold"])(1 if on else 0)
 
 
 def load_openmp() -> None:
@@ -298,7 +350,7 @@ def compile_kernel(op: ComputeOp | KernelOp | Sequence[ComputeOp],
     """JIT-compile a compute or a group with a schedule (the default when None)."""
     import llvmlite.binding as llvm
 
-    _libgomp()
+    _pool()
     module = new_module(name, target)
     info = emit_kernel(module, name, op, schedule, target=target)
     text = str(module)
@@ -327,7 +379,7 @@ def compile_kernels(ops: Sequence[ComputeOp | KernelOp], *, target: CpuTarget | 
     LLVM module: one optimisation and code generation run for all of them."""
     import llvmlite.binding as llvm
 
-    _libgomp()
+    _pool()
     module = new_module(prefix, target)
     infos = [emit_kernel(module, f"{prefix}{n}", op, None, target=target)
              for n, op in enumerate(ops)]

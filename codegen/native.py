@@ -1,8 +1,9 @@
 """Ahead-of-time compilation: LLVM module to object file to shared library.
 
 `emit_object(module)` optimises an llvmlite module for the target and returns the object code;
-`link_bytes(objects)` links objects with the system `cc` into a shared library (`-lgomp` for
-parallel loops, `-lm` for libm calls) and returns its bytes; `link_shared(objects, path)` writes
+`link_bytes(objects)` links objects with the system `cc` into a shared library (with nfc's
+thread pool, nfc.codegen.llvm.threadpool, `-lgomp -lpthread` for parallel loops, `-lm` for
+libm calls) and returns its bytes; `link_shared(objects, path)` writes
 those to `path` atomically. `build_shared(kernels, path)` emits, compiles and links a few
 kernels, for tests and small tools; the whole-model artifact builder uses `emit_object` and
 `link_bytes` with its own entry functions, then seals the library with its metadata
@@ -50,6 +51,11 @@ def link_bytes(objects: Sequence[bytes | str], *,
     """Link object code (bytes, or paths of .o files) into a shared library; returns its
     bytes. Everything happens in a private temporary directory, so concurrent links never
     share a file."""
+    if "gomp" in libs:  # parallel loops: nfc's thread pool, one per library (hidden symbols)
+        from nfc.codegen.llvm.threadpool import runtime_object
+
+        objects = [*objects, runtime_object()]
+        libs = [*libs, "pthread"]
     with tempfile.TemporaryDirectory(prefix="nfc-link-") as tmp:
         files = []
         for n, obj in enumerate(objects):

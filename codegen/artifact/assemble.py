@@ -54,6 +54,7 @@ from nfc.codegen.artifact.initgen import (
 )
 from nfc.codegen.artifact.kcache import ObjectCache
 from nfc.codegen.artifact.kernels import KernelSet
+from nfc.codegen.artifact.layouts import check_part_names, state_layouts, tensor_views
 from nfc.codegen.artifact.plan import FuncPlan, Slot, plan_function
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.jit import SCHEDULE_ATTR, KernelInfo, new_module
@@ -241,45 +242,7 @@ def persistent_tensors(funcs: Sequence[Func]) -> list[TensorInfo]:
                 raise CompileError(error(
                     f"'{t.name}' is {old.role} {old.type} in one function and {t.role} "
                     f"{t.type} in @{f.name}", f.loc).diagnostics)
-    return _state_layouts(list(out.values()))
-
-
-def _state_layouts(tensors: list[TensorInfo]) -> list[TensorInfo]:
-    """The optimizer state of a laid-out parameter `p` (`p_m`, `p_v`, `p_mom`: the names
-    training-functions gives it, with p's type) laid out like it, with the parts' state
-    names (`wq_m`, ...), so it is shown and checkpointed as the unfused build's."""
-    from dataclasses import replace
-
-    laid = {t.name: t for t in tensors if t.layout is not None and t.role == "param"}
-    if not laid:
-        return tensors
-    out = []
-    for t in tensors:
-        if t.role == "opt_state" and t.layout is None:
-            for pname, pt in laid.items():
-                suffix = t.name[len(pname) + 1:] if t.name.startswith(pname + "_") else ""
-                if suffix in ("m", "v", "mom") and pt.type == t.type:
-                    lay = pt.layout or {}
-                    t = replace(t, layout={
-                        "parts": [f"{q}_{suffix}" for q in lay["parts"]],
-                        "axis": lay["axis"], "offsets": list(lay["offsets"]),
-                        "inits": [t.init for _ in lay["parts"]]})
-                    break
-        out.append(t)
-    return out
-
-
-def tensor_views(tensors: Sequence[TensorInfo]) -> list[dict[str, Any]]:
-    """The metadata's `views`: per part of a laid-out tensor its name, parent, axis, offset
-    and shape (the names the unfused build gives these tensors)."""
-    views = []
-    for t in tensors:
-        if t.layout is None:
-            continue
-        for name, _init, shape, off, _size in layout_parts(t.type.shape, t.layout):
-            views.append({"name": name, "parent": t.name, "axis": int(t.layout["axis"]),
-                          "offset": off, "shape": list(shape)})
-    return views
+    return state_layouts(list(out.values()))
 
 
 def _flops_bytes(op: Op) -> tuple[float, int]:
@@ -597,13 +560,7 @@ def _emit_init(llmod, tensors: Sequence[TensorInfo]) -> None:
     PTR, I8, I32, I64, VOID = _types()
     fn, b = _exported(llmod, "nfc_init", VOID, [PTR, I64])
     table, seed = fn.args
-    seen = {t.name for t in tensors}
-    for t in tensors:  # a part's name names one tensor: `named_tensors`, checkpoints
-        for part in (t.layout or {}).get("parts", ()):
-            if part in seen:
-                raise CompileError(error(f"'{t.name}': nf.layout part '{part}' is the name "
-                                         "of another tensor or part").diagnostics)
-            seen.add(part)
+    check_part_names(tensors)
     for k, t in enumerate(tensors):
         p = b.load(b.gep(table, [ir.Constant(I64, k)], source_etype=PTR), typ=PTR)
         try:

@@ -68,7 +68,7 @@ CODEGEN_MODULES = (
     "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
     "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
     "nfc.codegen.llvm.intrinsics", "nfc.codegen.llvm.render", "nfc.codegen.llvm.parallel",
-    "nfc.codegen.llvm.bf16dot",
+    "nfc.codegen.llvm.bf16dot", "nfc.codegen.llvm.threadpool",
     "nfc.codegen.artifact.kcache", "nfc.codegen.artifact.parallel",
     # the operator table: kernels are typed, folded and emitted by its rows
     "nfc.ops", "nfc.ops.lattice", "nfc.ops.table", "nfc.ops.registry", "nfc.ops.infer",

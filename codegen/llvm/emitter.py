@@ -4,7 +4,8 @@ A kernel becomes `void name(ptr buffers)`: `buffers[n]` points at parameter `n` 
 then inputs) and, when the kernel needs one, the last entry at its workspace (64-byte aligned,
 `LoopFunc.workspace_bytes`). Loops are emitted directly: serial loops as phi loops, unrolled
 loops by replicating their body, a vectorized loop as one vector body (see `exprs`), and a
-parallel loop as an outlined function run by libgomp's `GOMP_parallel`, the threads claiming
+parallel loop as an outlined function run by nfc's thread pool (`nfc_parallel`,
+nfc.codegen.llvm.threadpool; libgomp with NFC_THREADS_BACKEND=gomp), the threads claiming
 contiguous chunks of iterations as they come, or as a serial loop when its work is small
 (nfc.codegen.llvm.parallel). Register buffers are entry-block allocas with constant
 indices, which SROA turns into SSA registers; reductions use FMA and reassociation only there.

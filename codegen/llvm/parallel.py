@@ -1,28 +1,35 @@
-"""Parallel loops: outlined bodies run by libgomp's `GOMP_parallel`, or serial when small.
+"""Parallel loops: outlined bodies run by nfc's thread pool (or libgomp), or serial when small.
 
 A `parallel` loop of the loop IR becomes an internal function `<kernel>.parN(ptr data)`
-holding its body and a call `GOMP_parallel(fn, data, min(n, omp_get_max_threads()), 0)`.
-`data` carries the buffers' pointers, the loop variables the body reads, the trip count, the
-number of chunks and a chunk counter: the threads claim contiguous chunks (`CHUNKS_PER_THREAD`
-per thread) with an atomic increment until none is left. Chunk k is always the same
-iterations, whichever thread runs it, so the results do not depend on the thread count or on
-who ran what; and a thread whose core another process holds (it starts late) finds the chunks
-taken by the others instead of leaving its fixed share for them to wait on. On one thread the
-outlined function is called directly, without libgomp.
+holding its body and a call `nfc_parallel(fn, data, min(n, omp_get_max_threads()), chunks)`
+(nfc.codegen.llvm.threadpool). `data` carries the buffers' pointers, the loop variables the
+body reads, the trip count, the number of chunks and a chunk counter: the threads claim
+contiguous chunks (`CHUNKS_PER_THREAD` per thread) with an atomic increment until none is
+left. Chunk k is always the same iterations, whichever thread runs it, so the results do not
+depend on the thread count, on the backend or on who ran what; and a thread whose core
+another process holds (it starts late) finds the chunks taken by the others instead of
+leaving its fixed share for them to wait on. On one thread the outlined function is called
+directly, without the pool.
 
-The join still waits for every team-mate: one that the OS has not run yet (its core busy), or
-that it preempted in the middle of a chunk, holds the caller there after the other chunks are
-done. So each region checks with the cycle counter whether it took longer than the caller
-alone would have (its own chunks' time scaled to all of them, `_judge`); if so, the loop's next
-regions run on the caller alone (`MAX_BACKOFF`: 1, then 3, 7, ... while it keeps happening,
-halved by each region that paid; two counters per loop site, internal globals of the kernel's
-module) before it tries its team again. On an idle machine the team pays and nothing changes.
+nfc's pool (the default) never waits for a thread that has not joined the region: the caller
+claims chunks too, closes the region when none is left and waits only for helpers still
+running a chunk; one that wakes up later finds the region closed. With
+`NFC_THREADS_BACKEND=gomp` the pool hands the region to libgomp's `GOMP_parallel`, whose join
+waits for every team-mate: one that the OS has not run yet (its core busy) holds the caller
+there after the other chunks are done. With either backend a helper that the OS preempts in
+the middle of a chunk holds the caller until it finishes that chunk. So each region checks
+with the cycle counter whether it took longer than the caller alone would have (its own
+chunks' time scaled to all of them, `_judge`); if so, the loop's next regions run on the
+caller alone (`MAX_BACKOFF`: 1, then 3, 7, ... while it keeps happening, halved by each
+region that paid; two counters per loop site, internal globals of the kernel's module) before
+it tries its team again. On an idle machine the team pays and nothing changes.
 
 A loop whose estimated work (`parallel_work`) is below `PARALLEL_MIN_WORK` is emitted as a
 plain serial loop: starting and joining a team costs more than two threads save on it. With a
 constant trip count the emitter decides; with one known only at run time the code compares it
 with the threshold and holds both versions. libgomp itself is loaded with idle threads that
-sleep rather than spin (nfc.codegen.jit._libgomp).
+sleep rather than spin (nfc.codegen.jit._libgomp); the pool's workers spin briefly, then
+sleep on a futex.
 """
 
 from __future__ import annotations
@@ -175,8 +182,9 @@ def _claim_chunks(em: FuncEmitter, s: For, total: ir.Value, chunks: ir.Value,
     b.store(b.add(b.load(ran, typ=i64), ir.Constant(i64, 1)), ran)
     b.branch(head)
     b.position_at_end(done)
-    # the caller (thread 0) notes how many chunks it ran and when it found none left
-    tid = em.call_c("omp_get_thread_num", intrinsics.I32, [])
+    # the caller (thread 0) notes how many chunks it ran and when it found none left (the
+    # pool's counters read the former)
+    tid = em.call_c("nfc_par_thread_num", intrinsics.I32, [])
     with b.if_then(b.icmp_signed("==", tid, ir.Constant(intrinsics.I32, 0))):
         b.store(b.load(ran, typ=i64), b.gep(chunks, [ir.Constant(i64, 2)], source_etype=i64))
         b.store(b.sub(_cycles(em), start),
@@ -190,7 +198,7 @@ def _cycles(em: FuncEmitter) -> ir.Value:
 
 def _fork(em: FuncEmitter, sub: ir.Function, data: ir.Value, chunks: ir.Value,
           n: ir.Value) -> None:
-    """Run the outlined `sub(data)` on `min(n, threads)` threads (`GOMP_parallel`), or call
+    """Run the outlined `sub(data)` on `min(n, threads)` threads (`nfc_parallel`), or call
     it on this thread alone when that is one; `CHUNKS_PER_THREAD` chunks per thread."""
     from nfc.codegen.llvm.emitter import VOID
 
@@ -205,8 +213,8 @@ def _fork(em: FuncEmitter, sub: ir.Function, data: ir.Value, chunks: ir.Value,
     if not BACKOFF:
         with b.if_else(b.icmp_signed(">", nthr, one)) as (on_team, alone):
             with on_team:
-                em.call_c("GOMP_parallel", VOID, [sub, data, b.trunc(nthr, intrinsics.I32),
-                                                  ir.Constant(intrinsics.I32, 0)])
+                em.call_c("nfc_parallel", VOID, [sub, data, b.trunc(nthr, intrinsics.I32),
+                                                 chunks])
             with alone, b.if_then(b.icmp_signed(">", n, ir.Constant(i64, 0))):
                 b.call(sub, [data])
         return
@@ -216,8 +224,8 @@ def _fork(em: FuncEmitter, sub: ir.Function, data: ir.Value, chunks: ir.Value,
     with b.if_else(team) as (on_team, alone):
         with on_team:
             t0 = _cycles(em)
-            em.call_c("GOMP_parallel", VOID, [sub, data, b.trunc(nthr, intrinsics.I32),
-                                              ir.Constant(intrinsics.I32, 0)])
+            em.call_c("nfc_parallel", VOID, [sub, data, b.trunc(nthr, intrinsics.I32),
+                                             chunks])
             _judge(em, chunks, t0, skip, penalty, solo)
         with alone:
             backing_off = b.icmp_signed(">", nthr, one)

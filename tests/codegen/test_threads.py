@@ -33,9 +33,10 @@ SPIN = re.compile(r"GOMP_SPINCOUNT = '(\w+)'")
 
 
 def forks(ir_text: str) -> int:
-    """Calls of GOMP_parallel in LLVM IR text (parallel regions the code can start)."""
+    """Calls of nfc_parallel (nfc.codegen.llvm.threadpool) in LLVM IR text (parallel regions
+    the code can start)."""
     return sum(1 for line in ir_text.splitlines()
-               if "call" in line and "GOMP_parallel" in line)
+               if "call" in line and "nfc_parallel" in line)
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_trip_count_known_at_run_time_is_tested_at_run_time(threads):
     import llvmlite.binding as llvm
 
     from nfc.codegen.cpu import host_target, target_machine
-    from nfc.codegen.jit import _libgomp, new_module, optimize
+    from nfc.codegen.jit import _pool, new_module, optimize
     from nfc.codegen.loops import BufLoad
     from nfc.ir import DType
 
@@ -142,7 +143,7 @@ def test_trip_count_known_at_run_time_is_tested_at_run_time(threads):
     body = Store(out, (i,), BufLoad(x, (i,)) * Const(2.0))
     inner = For("i", (Index("o") + Const(1)) * Const(m), LoopKind.PARALLEL, body)
     f = LoopFunc("dyn", (out, x), 1, For("o", Const(4), LoopKind.SERIAL, inner))
-    _libgomp()
+    _pool()  # libgomp and nfc's thread pool, which the parallel loop calls
     module = new_module("dyn")
     emitter.emit_function(module, f, "dyn", host_target())
     text = str(module)
@@ -302,3 +303,45 @@ def test_c_driver_runs_with_sleeping_threads(model_so, tmp_path):
                                       + np.zeros(512, np.int32).tobytes())
     proc = _run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], cwd=tmp_path)
     assert _spin(proc) == "0" and proc.stdout.startswith("loss = ")
+
+
+_STEP = r"""
+import sys
+import numpy as np
+from nfc.runtime.loader import load
+m = load(sys.argv[1])
+rng = np.random.default_rng(1)
+x = rng.random((512, 64), dtype=np.float32)
+y = rng.integers(0, 10, 512).astype(np.int32)
+m.init(seed=5)
+start = m.state_dict()
+res = {}
+for t in (1, 2):
+    m.load_state_dict(start)
+    m.set_num_threads(t)
+    for _ in range(3):  # a few steps: regions of the library's pool after its workers start
+        out = m.train_step(x=x, y=y, rng=(5, 0))
+    res.update({f"{t}.out.{k}": v for k, v in out.items()})
+    res.update({f"{t}.state.{k}": v for k, v in m.state_dict().items()})
+np.savez(sys.argv[2], **res)
+"""
+
+
+def test_library_same_bits_with_either_thread_backend(model_so, tmp_path):
+    """A compiled library's training steps (its own copy of nfc's thread pool, or libgomp with
+    NFC_THREADS_BACKEND=gomp) on 1 and 2 threads: the same bits."""
+    got = {}
+    for be in ("nfc", "gomp"):
+        out = tmp_path / f"{be}.npz"
+        proc = subprocess.run([sys.executable, "-c", _STEP, model_so.path, str(out)],
+                              env={**os.environ, "NFC_THREADS_BACKEND": be},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with np.load(out) as z:
+            got[be] = {k: z[k] for k in z.files}
+    ref = got["nfc"]
+    assert ref and set(got["gomp"]) == set(ref)
+    for k, v in ref.items():
+        np.testing.assert_array_equal(got["gomp"][k], v, err_msg=k)
+        t, rest = k.split(".", 1)
+        np.testing.assert_array_equal(ref[f"1.{rest}"], v, err_msg=k)
