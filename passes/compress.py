@@ -6,7 +6,8 @@ smaller form (docs/memory.md).
 one comparison with a constant, the pass computes that comparison once in the forward pass,
 right after the value, as a boolean tensor (`i1`, one byte per element instead of four), and
 the backward readers read the mask instead. The value itself then dies with its last forward
-reader. The results are bit for bit the same.
+reader. The results are bit for bit the same. With `bits` (below) the byte mask lives only
+until it is packed 32 to an `i32` word, and the backward reads the words with `bit(w, j)`.
 
 Before:  %a = nf.compute [n: 64, m: 128] (%0[n, m] + %b[m])
          %h = nf.compute [n: 64, m: 128] (max(%a[n, m], 0.0))
@@ -17,6 +18,15 @@ After:   %a = ...; %a_mask = nf.compute [n: 64, m: 128] (%a[n, m] > 0.0)
                 {nf.compress = "mask"} : tensor<64x128xi1>
          %h = ...
          %d_a = nf.compute [n: 64, m: 128] (select(%a_mask[n, m], %d_h[n, m], 0.0))
+
+Packed (`bits`, `_with_bits`): the value's axes split into leading ones (flattened to a row
+r) and trailing ones j, bit k of word [q, j...] is row 32 q + k (0 past the last row):
+
+         %a_mask = ... {nf.compress = "mask-bytes"}
+         %a_bits = nf.compute [q: 2, m: 128] (select(%a_mask[q * 32, m], i32(1), i32(0))
+                     + ... + select(%a_mask[q * 32 + 31, m], i32(-2147483648), i32(0)))
+                {nf.compress = "bits"} : tensor<2x128xi32>
+         %d_a = nf.compute [n: 64, m: 128] (select(bit(%a_bits[n // 32, m], n % 32), ...))
 
 **Narrow storage (lossy, opt-in).** With `dtype = "bf16"` (or `"f16"`), saved f32 activations
 that the backward pass only multiplies into sums (the inputs of weight gradients: im2col
@@ -41,8 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nfc.ir import ComputeOp, DType, Func, Module, TensorType, Value
-from nfc.ir.expr import Binary, Cast, Const, Expr, Index, Load
+from nfc.ir import Axis, ComputeOp, DType, Func, Module, TensorType, Value
+from nfc.ir.expr import Binary, Call, Cast, Const, Expr, Index, Load, Select
 from nfc.passes.memplan import (
     LATE_PHASES,
     MemoryReport,
@@ -128,19 +138,123 @@ def _rewrite(reader: ComputeOp, fn) -> None:
     reader.body = reader.body.map(fn)
 
 
+#: Mask bits per packed word (`i32` words; bit 31 is the sign bit, which `bit` reads as any
+#: other).
+WORD_BITS = 32
+
+
+def _int(x: int) -> Const:
+    return Const(x)
+
+
+def _flat(indices: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
+    """The row-major position of element `indices` of a tensor of `shape`."""
+    flat: Expr | None = None
+    for i, n in zip(indices, shape, strict=True):
+        flat = i if flat is None else Binary("+", Binary("*", flat, _int(n)), i)
+    return flat if flat is not None else _int(0)
+
+
+def _unflat(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The indices of row-major position `flat` (0 <= flat < prod(shape))."""
+    out: list[Expr] = []
+    inner = 1
+    for n in reversed(shape):
+        q = flat if inner == 1 else Binary("//", flat, _int(inner))
+        out.append(q if inner * n == _size(shape) else Binary("%", q, _int(n)))
+        inner *= n
+    return tuple(reversed(out))
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _split(shape: tuple[int, ...]) -> int:
+    """How many leading axes of `shape` the bits are packed along: the split with the fewest
+    words (the leading axes' element count rounded up to 32, times the rest), the fewest
+    leading axes among equals (the packing and unpacking loops then run over whole trailing
+    rows, unit stride, and vectorise)."""
+    best, at = None, len(shape)
+    for k in range(1, len(shape) + 1):
+        words = -(-_size(shape[:k]) // WORD_BITS) * _size(shape[k:])
+        if best is None or words < best:
+            best, at = words, k
+    return at
+
+
+def _with_bits(op: ComputeOp, bytes_: ComputeOp) -> ComputeOp:
+    """`%v_bits[q, j...]`: with the value's axes split into leading ones (row r, row-major) and
+    trailing ones (j...; `_split`), bit k of word [q, j...] is byte mask `bytes_` at
+    [row 32 q + k, j...] (0 past the last row): an explicit sum of 32 selects of the powers of
+    two. (Packed from the byte mask, not from the value: the byte mask is elementwise in the
+    value, so fusion computes it in the value's producer and the f32 value need not be
+    stored for the packing; the byte mask dies right after it.)"""
+    v = op.result
+    m = bytes_.result
+    shape = tuple(v.type.shape)
+    k_lead = _split(shape)
+    lead, rest = shape[:k_lead], shape[k_lead:]
+    rows = _size(lead)
+    words = -(-rows // WORD_BITS)
+    taken = {d.name for d in op.dims[k_lead:]}
+    q = next(n for n in ("q", "q_", "q__", "q_w") if n not in taken)
+    trailing = tuple(Index(d.name) for d in op.dims[k_lead:])
+    body: Expr | None = None
+    for k in range(WORD_BITS):
+        row = Binary("*", Index(q), _int(WORD_BITS))
+        row = row if k == 0 else Binary("+", row, _int(k))
+        past = rows % WORD_BITS and k >= rows % WORD_BITS  # past the last row in the last word
+        at = Call("min", (row, _int(rows - 1))) if past else row  # loads stay in bounds
+        cond: Expr = Load(m, _unflat(at, lead) + trailing)
+        if past:
+            cond = Binary("and", Binary("<", row, _int(rows)), cond)
+        term = Select(cond, Const(-(2 ** 31) if k == 31 else 2 ** k, DType.I32),
+                      Const(0, DType.I32))
+        body = term if body is None else Binary("+", body, term)
+    assert body is not None
+    bits = ComputeOp(TensorType((words, *rest), DType.I32),
+                     (Axis(q, words), *op.dims[k_lead:]), body, loc=op.loc,
+                     name=f"{v.name}_bits" if v.name else None)
+    if "nf.callsite" in op.attrs:
+        bits.attrs["nf.callsite"] = op.attrs["nf.callsite"]
+    bits.attrs["nf.compress"] = "bits"
+    return bits
+
+
 def compress_mask(func: Func, op: ComputeOp, readers: list[ComputeOp],
-                  test: tuple[str, Const, bool]) -> ComputeOp:
-    """Insert the mask of `op` after it and make `readers` read it (see the module doc)."""
+                  test: tuple[str, Const, bool], bits: bool = True) -> ComputeOp:
+    """Insert the mask of `op` after it (packed 32 to an `i32` word with `bits`, else one
+    `i1` byte an element) and make `readers` read it (see the module doc)."""
+    bits = bits and bool(op.result.type.shape)  # a scalar's mask stays one byte
     mask = _with_mask(op, test)
     func.body.insert_after(mask, op)
+    if bits:
+        mask.attrs["nf.compress"] = "mask-bytes"  # only read by the packing
+        packed = _with_bits(op, mask)
+        func.body.insert_after(packed, mask)
+        mask = packed
     v = op.result
+    shape = tuple(v.type.shape)
     cmp, const, left = test
+
+    k_lead = _split(shape)
+
+    def read(indices: tuple[Expr, ...]) -> Expr:
+        if not bits:
+            return Load(mask.result, indices)
+        row = _flat(indices[:k_lead], shape[:k_lead])
+        word = (Binary("//", row, _int(WORD_BITS)), *indices[k_lead:])
+        return Call("bit", (Load(mask.result, word), Binary("%", row, _int(WORD_BITS))))
 
     def fn(e: Expr) -> Expr | None:
         if isinstance(e, Binary) and e.op == cmp:
             side, other = (e.a, e.b) if left else (e.b, e.a)
             if isinstance(side, Load) and side.tensor is v and other == const:
-                return Load(mask.result, side.indices)
+                return read(side.indices)
         return None
 
     for r in readers:
@@ -170,33 +284,20 @@ def compress_narrow(func: Func, op: ComputeOp, readers: list[ComputeOp], dtype: 
     return narrow
 
 
-def _undo(func: Func, new: ComputeOp, op: ComputeOp, readers: list[ComputeOp]) -> None:
-    v, c = op.result, new.result
-    if new.attrs.get("nf.compress") == "mask":
-        cmp = new.body
-        assert isinstance(cmp, Binary)
-
-        def fn(e: Expr) -> Expr | None:
-            if isinstance(e, Load) and e.tensor is c:  # back to the comparison
-                here = Load(v, e.indices)
-                return (Binary(cmp.op, here, cmp.b) if isinstance(cmp.a, Load)
-                        else Binary(cmp.op, cmp.a, here))
-            return None
-    else:
-        def fn(e: Expr) -> Expr | None:
-            if isinstance(e, Cast) and isinstance(e.x, Load) and e.x.tensor is c:
-                return Load(v, e.x.indices)
-            return None
-
-    for r in readers:
-        _rewrite(r, fn)
+def _undo(func: Func, new: ComputeOp, saved: list[tuple[ComputeOp, Expr]]) -> None:
+    for r, body in saved:
+        r.body = body
     func.body.ops.remove(new)
+    if new.attrs.get("nf.compress") == "bits":  # and the byte mask it was packed from
+        func.body.ops.remove(next(op for op in new.body.walk() if isinstance(op, Load)
+                                  ).tensor.owner)
 
 
-def compress_func(func: Func, masks: bool = True, dtype: DType | None = None) -> dict[str, int]:
+def compress_func(func: Func, masks: bool = True, dtype: DType | None = None,
+                  bits: bool = True) -> dict[str, int]:
     """Compress the saved activations of `func` (in place) where that does not raise the
-    arena's lower bound; returns {"masks": n, "narrow": n, "bytes": saved bytes no longer kept in
-    full}."""
+    arena's lower bound (masks packed to bits with `bits`, else bytes); returns
+    {"masks": n, "narrow": n, "bytes": saved bytes no longer kept in full}."""
     stats = {"masks": 0, "narrow": 0, "bytes": 0}
     if not any(_late(op) for op in func.body.ops):
         return stats
@@ -206,8 +307,9 @@ def compress_func(func: Func, masks: bool = True, dtype: DType | None = None) ->
         if not v.type.dtype.is_float:
             continue
         test = mask_test(v, readers) if masks else None
+        saved = [(r, r.body) for r in readers]
         if test is not None:
-            new = compress_mask(func, op, readers, test)
+            new = compress_mask(func, op, readers, test, bits)
             kind = "masks"
         elif dtype is not None and v.type.dtype == DType.F32 and narrow_ok(v, readers):
             new = compress_narrow(func, op, readers, dtype)
@@ -220,30 +322,39 @@ def compress_func(func: Func, masks: bool = True, dtype: DType | None = None) ->
             stats[kind] += 1
             stats["bytes"] += v.type.nbytes
         else:
-            _undo(func, new, op, readers)
+            _undo(func, new, saved)
     return stats
 
 
 @dataclass(frozen=True)
 class CompressActivations(ModulePass):
     """Keep saved activations in a smaller form (see the module doc): `masks` (default true:
-    values the backward pass only compares with a constant become `i1` masks, exact) and
-    `dtype` (`bf16` or `f16`: saved f32 values the backward pass only multiplies into sums,
-    the weight gradients' inputs, stored rounded, lossy; default none).
+    values the backward pass only compares with a constant become masks, exact), `bits`
+    (`true`: masks packed 32 to an `i32` word; `false`: one `i1` byte an element; `auto`, the
+    default: whichever the memory model finds smaller, bits on a tie) and `dtype` (`bf16` or
+    `f16`: saved f32 values the backward pass only multiplies into sums, the weight gradients'
+    inputs, stored rounded, lossy; default none).
     Kept only where it does not raise the arena's lower bound, and as a whole only if the measured
     arena (`Context.memory_model`, else the IR level plan) is not larger. Records
-    `nf.compress = {masks = n, narrow = n, bytes = b, arena_before = a0, arena_after = a1}`."""
+    `nf.compress = {masks = n, narrow = n, bytes = b, arena_before = a0, arena_after = a1,
+    bits = true|false}`."""
 
     name: ClassVar[str] = "compress-activations"
     uses_memory_model: ClassVar[bool] = True
     masks: bool = True
     dtype: str = ""
+    bits: str = "auto"
 
     def apply(self, ctx: Context, module: Module) -> None:
         """Compress in every function with a backward pass."""
         if self.dtype not in ("", "bf16", "f16"):
             ctx.error(f"compress-activations: dtype must be bf16 or f16 (got '{self.dtype}')")
             return
+        if self.bits not in ("auto", "true", "false"):
+            ctx.error(f"compress-activations: bits must be auto, true or false "
+                      f"(got '{self.bits}')")
+            return
+        tries = {"auto": (True, False), "true": (True,), "false": (False,)}[self.bits]
         dtype = DType(self.dtype) if self.dtype else None
         model = getattr(ctx, "memory_model", None) or memory_report
         notes = []
@@ -251,19 +362,29 @@ class CompressActivations(ModulePass):
             if not f.body.ops or not any(_late(op) for op in f.body.ops):
                 continue
             before: MemoryReport = model(f.clone())
-            trial = f.clone()
-            stats = compress_func(trial, self.masks, dtype)
-            if not stats["masks"] and not stats["narrow"]:
+            # bit masks, and byte masks where the model finds them smaller (bit masks are packed
+            # in a kernel of their own, which can change what the fusion keeps)
+            best = None
+            for bits in tries if self.masks else (False,):
+                trial = f.clone()
+                stats = compress_func(trial, self.masks, dtype, bits)
+                if not stats["masks"] and not stats["narrow"]:
+                    break
+                after: MemoryReport = model(trial.clone())
+                if best is None or after.arena < best[1].arena:
+                    best = (bits, after, stats)
+            if best is None:
                 continue
-            after: MemoryReport = model(trial.clone())
+            bits, after, stats = best
             if after.arena > before.arena:
                 notes.append(f"@{f.name}: not kept (arena {before.arena:,} -> "
                              f"{after.arena:,} bytes)")
                 continue
-            compress_func(f, self.masks, dtype)  # deterministic: the same as on the trial
+            compress_func(f, self.masks, dtype, bits)  # the same as on the trial
             f.attrs["nf.compress"] = {**stats, "arena_before": before.arena,
-                                      "arena_after": after.arena}
-            notes.append(f"@{f.name}: {stats['masks']} masks, {stats['narrow']} narrowed, "
+                                      "arena_after": after.arena, "bits": bits}
+            notes.append(f"@{f.name}: {stats['masks']} {'bit' if bits else 'byte'} masks, "
+                         f"{stats['narrow']} narrowed, "
                          f"arena {before.arena:,} -> {after.arena:,} bytes")
         ctx.remarks[self.name] = "; ".join(notes) or "nothing to compress"
 

@@ -80,6 +80,7 @@ INT_CALLS: dict[str, tuple[str, str]] = {
     "//": ("nfc_floordiv({0}, {1})", "nfc_floordiv({0}, {1})"),
     "%": ("nfc_floormod({0}, {1})", "nfc_floormod({0}, {1})"),
     "philox": ("nfc_philox({0}, {1})", "nfc_philox({0}, {1})"),
+    "bit": ("((({0}) >> ({1})) & 1)", "((({0}) >> ({1})) & 1LL)"),
 }
 #: Reducing stores: reduction -> (compound operator or None, combine format for f32, f64,
 #: integers).

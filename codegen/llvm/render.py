@@ -162,6 +162,14 @@ def _philox(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
     return em.convert(u, DType.F64, dt)
 
 
+def _bit(em: ExprEmitter, e: Expr, dt: DType) -> ir.Value:
+    """`bit(w, j)`: `(w >> j) & 1 != 0` (a logical shift: j < the width of w)."""
+    (w, j), _ = operands(em, e, dt)
+    b = em.b
+    low = b.and_(b.lshr(w, j), intrinsics.const(w.type, 1))
+    return b.icmp_signed("!=", low, intrinsics.const(w.type, 0))
+
+
 RULES: dict[str, Rule] = {
     "+": _arith("fadd", "add"), "-": _arith("fsub", "sub"), "*": _arith("fmul", "mul"),
     "/": _arith("fdiv", "sdiv"), "//": Rule(_floor_div), "%": Rule(_floor_div),
@@ -177,6 +185,7 @@ RULES: dict[str, Rule] = {
     "softplus": _math(intrinsics.softplus), "log1p": _math(intrinsics.log1p),
     "expm1": _math(intrinsics.expm1),
     "atan2": _math(intrinsics.atan2), "isfinite": _math(intrinsics.isfinite, 1),
+    "bit": Rule(_bit, 3),
 }
 
 

@@ -347,4 +347,8 @@ ROWS: tuple[Op, ...] = (
         "the angle of the point (x, y), in [-pi, pi]"),
     _fn("isfinite", 1, FLOAT, lambda v: np.isfinite(v), math.isfinite, zero,
         "true unless x is infinite or NaN", result=I1),
+    _fn("bit", 2, INT, lambda w, j: np.bitwise_and(np.right_shift(w, j), 1).astype(bool),
+        lambda w, j: bool((w >> j) & 1), zero,
+        "bit j (0 = least significant) of the two's-complement integer w, 0 <= j < its width "
+        "(the packed masks of compress-activations)", flops=0.0, result=I1, surface=False),
 )

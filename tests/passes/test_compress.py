@@ -48,8 +48,8 @@ def test_masks_lower_the_saved_bytes_and_keep_the_bits():
     f0, f1 = m0.func("train_step"), m1.func("train_step")
     note = f1.attrs["nf.compress"]
     assert note["masks"] >= 2 and note["narrow"] == 0  # the ReLUs of lenet5
-    masks = [op for op in f1.body.ops if op.attrs.get("nf.compress") == "mask"]
-    assert len(masks) == note["masks"] and all(str(op.result.dtype) == "i1" for op in masks)
+    masks = [op for op in f1.body.ops if op.attrs.get("nf.compress") == "bits"]
+    assert len(masks) == note["masks"] and all(str(op.result.dtype) == "i32" for op in masks)
     r0, r1 = memory_report(f0), memory_report(f1)
     assert r1.saved_total < r0.saved_total and r1.lower_bound < r0.lower_bound
     assert note["arena_after"] <= note["arena_before"]
@@ -116,3 +116,62 @@ def test_compression_flag_pipelines():
         assert "int4" in str(exc)
     else:
         raise AssertionError("a bad mode was accepted")
+
+
+def test_bits_take_an_eighth_of_the_bytes():
+    m1, _ = _module(BEFORE_FUSION + ",compress-activations{bits=false}")
+    m2, _ = _module(BEFORE_FUSION + ",compress-activations")
+    f1, f2 = m1.func("train_step"), m2.func("train_step")
+    byte_masks = {op.result.name.removesuffix("_mask"): op.result.type.nbytes
+                  for op in f1.body.ops if op.attrs.get("nf.compress") == "mask"}
+    bit_masks = {op.result.name.removesuffix("_bits"): op.result.type.nbytes
+                 for op in f2.body.ops if op.attrs.get("nf.compress") == "bits"}
+    assert byte_masks and byte_masks.keys() == bit_masks.keys()
+    for k, n in byte_masks.items():  # one byte an element -> one bit, rounded up to words
+        assert n // 8 <= bit_masks[k] <= n // 8 + 4 * max(1, n // 32 // 8), (k, n, bit_masks[k])
+    assert memory_report(f2).saved_total < memory_report(f1).saved_total
+    a, _ = _run(m1)
+    b, _ = _run(m2)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def _relu_step(shape: tuple[int, ...], cmp: str = ">") -> str:
+    dims = ", ".join(f"i{j}: {n}" for j, n in enumerate(shape))
+    idx = ", ".join(f"i{j}" for j in range(len(shape)))
+    t = "x".join(map(str, shape)) + "xf32"
+    back = '{nf.phase = "backward"}'
+    return f"""nf.func @train_step(%x: tensor<{t}>, %y: tensor<{t}>) -> (tensor<{t}>) {{
+  %a = nf.compute [{dims}] (%x[{idx}] * 2.0) : tensor<{t}>
+  %h = nf.compute [{dims}] (max(%a[{idx}], 0.0)) : tensor<{t}>
+  %s = nf.compute [] sum [{dims}] (%h[{idx}]) : tensor<f32>
+  %t = nf.compute [{dims}] (%y[{idx}] * %s[]) {back} : tensor<{t}>
+  %d = nf.compute [{dims}] (select(%a[{idx}] {cmp} 0.0, %t[{idx}], -1.0)) {back} : tensor<{t}>
+  nf.return %d : tensor<{t}>
+}}"""
+
+
+def test_bit_masks_of_odd_shapes_agree_in_the_interpreter():
+    """Shapes whose element count is no multiple of 32 (and ones that are), values with
+    exact zeros on the comparison's edge: the packed masks read back the same comparisons."""
+    from nfc.interp import run
+    from nfc.irparser import parse_module
+    from nfc.passes.compress import compress_func
+
+    rng = np.random.default_rng(7)
+    shapes = [(1,), (3,), (31,), (33,), (5, 7), (64, 3), (2, 3, 5), (4, 1, 9, 2), (3, 32)]
+    for shape in shapes:
+        for cmp in (">", "<=", "!="):
+            plain = parse_module(_relu_step(shape, cmp)).func("train_step")
+            packed = parse_module(_relu_step(shape, cmp)).func("train_step")
+            stats = compress_func(packed)
+            assert stats["masks"] == 1, (shape, cmp)
+            bits = [op for op in packed.body.ops if op.attrs.get("nf.compress") == "bits"]
+            assert len(bits) == 1 and str(bits[0].result.dtype) == "i32"
+            size = int(np.prod(shape))
+            assert bits[0].result.type.nbytes <= 4 * size  # never more than the f32 value
+            x = rng.integers(-2, 3, shape).astype(np.float32)  # zeros on the edge
+            y = rng.standard_normal(shape).astype(np.float32)
+            a = np.asarray(run(plain, [x, y])[0])
+            b = np.asarray(run(packed, [x, y])[0])
+            assert np.array_equal(a, b), (shape, cmp)

@@ -57,7 +57,7 @@ def test_compressed_step_matches_the_interpreter(mode):
     assert note["masks"] >= 1 and (note["narrow"] >= 1) == (mode == "bf16")
     kinds = {str(op.result.dtype) for op in module.func("train_step").body.ops
              if op.attrs.get("nf.compress")}
-    assert "i1" in kinds and ("bf16" in kinds) == (mode == "bf16")
+    assert "i32" in kinds and ("bf16" in kinds) == (mode == "bf16")  # masks packed in i32 words
 
 
 def test_remat_with_reductions_matches_the_interpreter():
@@ -83,3 +83,44 @@ def test_memory_budget_on_the_command_line(tmp_path):
                            timeout=600)
     assert usage.returncode != 0 and "not a memory budget" in usage.stderr
     assert "Traceback" not in usage.stderr
+
+
+@pytest.mark.parametrize("source", [MLP_DIGITS, ROOT / "examples" / "lenet5.nf"],
+                         ids=["mlp_digits", "lenet5"])
+def test_bit_masks_train_to_the_same_bits(source):
+    """Three compiled steps with ReLU masks packed in bits, in bytes, and without compression
+    leave every parameter with the same bits (the masks are exact)."""
+    from nfc.codegen.artifact import build_artifact
+    from nfc.passmanager import Context, PassManager, build_pipeline
+    from nfc.runtime.build import frontend_module
+    from nfc.runtime.loader import load
+
+    params = {"batch": 4} if source.name == "lenet5.nf" else {}
+    finals = {}
+    for name, passes in (("none", ""), ("bytes", "compress-activations{bits=false},"),
+                         ("bits", "compress-activations{bits=true},")):
+        module, ctx = frontend_module(str(source), params), Context()
+        PassManager(build_pipeline(f"{BASE},{passes}".rstrip(","))).run(module, ctx)
+        f = module.func("train_step")
+        kinds = {str(op.result.dtype) for op in f.body.ops if op.attrs.get("nf.compress")}
+        assert kinds == {"none": set(), "bytes": {"i1"}, "bits": {"i1", "i32"}}[name], name
+        if name != "none":
+            assert f.attrs["nf.compress"]["bits"] == (name == "bits")
+        PassManager(build_pipeline("fuse")).run(module, ctx)
+        path = str(scratch(f"bits-{source.stem}-{name}") / "m.so")
+        build_artifact(module, functions=["train_step"]).write_shared(path)
+        model = load(path)
+        model.init(seed=5)
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            inputs = {}
+            for s in model.functions["train_step"].inputs:
+                inputs[s.name] = (rng.standard_normal(s.shape).astype(s.dtype)
+                                  if s.dtype.kind == "f"
+                                  else rng.integers(0, 2, s.shape).astype(s.dtype))
+            model.train_step(**inputs)
+        finals[name] = {k: np.array(v) for k, v in model.state_dict().items()}
+    for name in ("bytes", "bits"):
+        assert finals[name].keys() == finals["none"].keys()
+        for k, v in finals["none"].items():
+            assert np.array_equal(finals[name][k], v), (name, k)
