@@ -15,6 +15,10 @@ the GEMM into the column gradient or the direct input gradient (`dx`), the weigh
 its GFLOP/s and % of the peak (gathers and scatters count their multiply-adds as 0, so their
 time is shown, not a percentage; a direct kernel counts every point of its iteration space,
 padding taps included). `--sweep` adds square and skinny GEMMs against `torch.mm`.
+`--depthwise` adds 3 x 3 depthwise convolutions (MobileNet's, the ShuffleNet unit's; forward,
+input and weight gradient) against PyTorch's (`conv2d` with groups = C, `torch.nn.grad`),
+timed interleaved, with the bytes each must move and its time against the roofline bound
+max(FLOPs / peak, bytes / copy bandwidth), the bandwidth measured by a copy of the same size.
 
 Times are the best of `--repeat` timings on the CPU clock of the calling thread (every
 library here computes on the calling thread when limited to one), and kernels are called
@@ -213,6 +217,128 @@ def measure_convs(models: list[str], repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+#: Depthwise cases (groups == channels, 3 x 3): (label, batch, channels, size, stride, padding):
+#: MobileNet's two depthwise layers (examples/models/mobilenet.nf), the ShuffleNet unit's
+#: (examples/shufflenet_unit.nf) and a wider late MobileNet layer.
+DEPTHWISE = [("mobilenet d1", 16, 32, 16, 1, 1), ("mobilenet d2", 16, 64, 16, 2, 1),
+             ("shufflenet", 8, 8, 8, 1, 1), ("late layer", 16, 128, 8, 1, 1)]
+
+_DW_MODEL = """\
+import std.nn
+
+model dw(batch = {n}, channels = {c}, size = {h}, classes = 4) {{
+  input  x: f32[batch, channels, size, size]
+  input  y: i32[batch]
+  param  k0: f32[channels, 1, 1, 1] = he_normal
+  param  k: f32[channels, 1, 3, 3] = he_normal
+  param  wo: f32[channels, classes] = glorot_uniform
+  param  bo: f32[classes] = zeros
+  h = depthwise_conv2d<stride = {s}, padding = {p}>(depthwise_conv2d(x, k0), k)
+  logits = linear(global_avg_pool(h), wo, bo)
+  loss = softmax_cross_entropy(logits, y)
+  output logits
+  minimize loss with sgd(lr = 0.1)
+}}
+"""
+
+
+def depthwise_kernels(n: int, c: int, h: int, s: int, p: int) -> dict[str, Any]:
+    """The forward (`fwd`), input-gradient (`dx`) and weight-gradient (`dw`) computes of a
+    3 x 3 depthwise convolution, as the build pipeline makes them (a 1 x 1 depthwise layer
+    before it, so that its input has a gradient)."""
+    import tempfile
+
+    from nfc.ir import ComputeOp, Load
+    from nfc.runtime.build import build_module
+    from nfc.runtime.tuning.kernels import collect_kernels
+
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "dw.nf"
+        src.write_text(_DW_MODEL.format(n=n, c=c, h=h, s=s, p=p))
+        mod, _ = build_module(src, pipeline=PIPELINE)
+    forward = {k.key for k in collect_kernels(mod, ["forward"])}
+    found: dict[str, Any] = {}
+    for k in collect_kernels(mod, ["train_step"]):
+        op = k.op
+        if not isinstance(op, ComputeOp) or op.reduce != "sum" or not op.raxes:
+            continue
+        shapes = [tuple(x.tensor.type.shape) for x in op.body.walk() if isinstance(x, Load)]
+        w = (c, 1, 3, 3)
+        if tuple(op.result.type.shape) == w:
+            found["dw"] = op
+        elif w in shapes and any(len(x) == 4 and x != w for x in shapes):
+            found["fwd" if k.key in forward else "dx"] = op
+    return found
+
+
+def copy_bandwidth(nbytes: int, repeat: int) -> float:
+    """Bytes per second of a copy (read + write counted) of `nbytes / 2` bytes: the
+    bandwidth of the cache level a working set of `nbytes` lives in."""
+    a = np.ones(max(1, nbytes // 8), np.float32)
+    b = np.empty_like(a)
+    return 2 * a.nbytes / _time(lambda: np.copyto(b, a), repeat)
+
+
+def measure_depthwise(repeat: int, peak: float) -> list[dict[str, Any]]:
+    """nfc's depthwise kernels (default schedules) and PyTorch's (`conv2d` with groups = C and
+    its `torch.nn.grad` gradients, one thread), timed interleaved; each with its GFLOP/s, %
+    of `peak`, the bytes it must move (inputs and output once) and its time as a fraction of
+    the roofline bound max(FLOPs / peak, bytes / copy bandwidth at that working set)."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn import grad as tgrad
+
+    from nfc.codegen.jit import compile_kernel
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, n, c, h, s, p in DEPTHWISE:
+        ops = depthwise_kernels(n, c, h, s, p)
+        o = (h + 2 * p - 3) // s + 1
+        x = torch.from_numpy(rng.standard_normal((n, c, h, h), dtype=np.float32))
+        k = torch.from_numpy(rng.standard_normal((c, 1, 3, 3), dtype=np.float32))
+        dy = torch.from_numpy(rng.standard_normal((n, c, o, o), dtype=np.float32))
+        torch_fn = {
+            "fwd": lambda x=x, k=k, s=s, p=p, c=c: F.conv2d(x, k, None, s, p, 1, c),
+            "dx": lambda x=x, k=k, dy=dy, s=s, p=p, c=c: tgrad.conv2d_input(
+                x.shape, k, dy, s, p, 1, c),
+            "dw": lambda x=x, k=k, dy=dy, s=s, p=p, c=c: tgrad.conv2d_weight(
+                x, k.shape, dy, s, p, 1, c)}
+        for role in ("fwd", "dx", "dw"):
+            op = ops[role]
+            kern = compile_kernel(op)
+            ins = _inputs(kern, rng)
+            outs = [np.empty(v.shape, v.dtype.numpy) for v in kern.info.outputs]
+            call = _caller(kern, outs, ins)
+            tn = tt = float("inf")
+            for _ in range(3):  # interleaved
+                tn = min(tn, _time(call, repeat))
+                tt = min(tt, _time(torch_fn[role], repeat))
+            flops = 2.0 * n * c * o * o * 9  # every tap, padding taps included
+            nbytes = 4 * (sum(math.prod(v.shape) for v in (*kern.info.inputs,
+                                                          *kern.info.outputs)))
+            bw = copy_bandwidth(nbytes, repeat)
+            bound = max(flops / (peak * 1e9), nbytes / bw)
+            rows.append({"case": f"{label} {n}x{c}x{h}x{h} s{s}", "role": role,
+                         "nfc_us": tn * 1e6, "torch_us": tt * 1e6,
+                         "gflops": flops / tn / 1e9, "mbytes": nbytes / 1e6,
+                         "gbs": nbytes / tn / 1e9, "bw": bw / 1e9,
+                         "roofline": bound / tn})
+    return rows
+
+
+def _print_depthwise(rows: list[dict[str, Any]], peak: float) -> None:
+    print(f"{'case':32s} {'kernel':6s} {'nfc us':>8s} {'torch us':>9s} {'torch/nfc':>9s} "
+          f"{'GFLOP/s':>8s} {'%peak':>6s} {'MB':>6s} {'GB/s':>6s} {'copy GB/s':>9s} "
+          f"{'%roofline':>9s}")
+    for r in rows:
+        print(f"{r['case']:32s} {r['role']:6s} {r['nfc_us']:8.1f} {r['torch_us']:9.1f} "
+              f"{r['torch_us'] / r['nfc_us']:9.2f} {r['gflops']:8.1f} "
+              f"{100 * r['gflops'] / peak:5.1f}% {r['mbytes']:6.2f} {r['gbs']:6.1f} "
+              f"{r['bw']:9.1f} {100 * r['roofline']:8.1f}%")
+
+
 SWEEP = [(s, s, s) for s in (16, 64, 256, 1024)] + [
     (m, 1024, 1024) for m in (16, 64, 256)] + [(1024, n, 1024) for n in (16, 64, 256)] + [
     (1024, 1024, k) for k in (16, 64, 256)] + [(64, 64, 1024), (16, 256, 256), (256, 16, 256)]
@@ -258,10 +384,11 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     p0 = peak_gflops(args.repeat)
     convs = measure_convs([m for m in args.models.split(",") if m], args.repeat)
     sweep = measure_sweep(args.repeat) if args.sweep else []
+    depthwise = measure_depthwise(args.repeat, max(p0.values())) if args.depthwise else []
     p1 = peak_gflops(args.repeat)
     peak = max(max(p0.values()), max(p1.values()))
     return {"peak": peak, "peaks": [p0, p1], "convs": convs, "sweep": sweep,
-            "load": os.getloadavg()[0]}
+            "depthwise": depthwise, "load": os.getloadavg()[0]}
 
 
 def _print(res: dict[str, Any], label: str = "") -> None:
@@ -273,6 +400,8 @@ def _print(res: dict[str, Any], label: str = "") -> None:
         pct = f"{100 * r['gflops'] / peak:5.1f}%" if r["gflops"] else "     -"
         print(f"{r['model']:10s} {r['role']:6s} {r['shape']:34s} {r['us']:9.1f} "
               f"{r['gflops']:8.1f} {pct:>6s}")
+    if res.get("depthwise"):
+        _print_depthwise(res["depthwise"], peak)
     if res["sweep"]:
         print(f"{'gemm MxNxK':16s} {'nfc':>8s} {'torch':>8s} {'nfc/torch':>9s} {'%peak':>6s}")
         for r in res["sweep"]:
@@ -310,6 +439,20 @@ def compare(trees: list[str], argv: list[str], rounds: int) -> None:
             v = med(t, "convs", n, key)
             vals.append(f"{100 * v:11.1f}%" if key == "gflops" else f"{v:10.1f}us")
         print(f"{r['model']:10s} {r['role']:6s} {r['shape']:34s} " + " ".join(vals))
+    if first.get("depthwise"):
+        print(f"{'depthwise case':32s} {'kernel':6s} "
+              + " ".join(f"{'us/%roof ' + str(i):>16s}" for i in range(len(trees)))
+              + " " + " ".join(f"{'torch/nfc ' + str(i):>11s}" for i in range(len(trees))))
+        for n, r in enumerate(first["depthwise"]):
+            us = [statistics.median(x["depthwise"][n]["nfc_us"] for x in results[t])
+                  for t in trees]
+            roof = [statistics.median(x["depthwise"][n]["roofline"] for x in results[t])
+                    for t in trees]
+            vs = [statistics.median(x["depthwise"][n]["torch_us"] / x["depthwise"][n]["nfc_us"]
+                                    for x in results[t]) for t in trees]
+            print(f"{r['case']:32s} {r['role']:6s} "
+                  + " ".join(f"{u:8.1f}/{100 * f:5.1f}%" for u, f in zip(us, roof, strict=True))
+                  + " " + " ".join(f"{v:11.2f}" for v in vs))
     if first["sweep"]:
         print(f"{'gemm MxNxK':16s} " + " ".join(f"{'nfc/torch ' + str(i):>12s}"
                                                 for i in range(len(trees))))
@@ -324,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="lenet5,resnet18,mobilenet",
                     help="comma-separated: lenet5, resnet18, mobilenet or .nf paths")
     ap.add_argument("--sweep", action="store_true", help="also the GEMM shape sweep")
+    ap.add_argument("--depthwise", action="store_true",
+                    help="also depthwise kernels against PyTorch, with their roofline")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--trees", default="", help="comma-separated checkouts to compare")
     ap.add_argument("--rounds", type=int, default=2)
@@ -333,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = ["--models", args.models, "--repeat", str(args.repeat)]
         if args.sweep:
             sub.append("--sweep")
+        if args.depthwise:
+            sub.append("--depthwise")
         compare(args.trees.split(","), sub, args.rounds)
         return 0
     os.chdir(Path(__file__).resolve().parent.parent)

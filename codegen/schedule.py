@@ -17,8 +17,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: Version of the schedule format and of the meaning of schedule-space parameters; part of the
-#: tuning cache's category, so records of another version are never reused.
-SCHEDULE_VERSION = "nfc-cpu-sched-2"
+#: tuning cache's category, so records of another version are never reused (a record of
+#: another version is in another category: lookups never see it, imports keep it apart).
+#: 3: the GEMM template's `pack_b` and `swap` and the loop template's `parallel_reduce`
+#: parameters, and the loop template's default for strided-window gradients.
+SCHEDULE_VERSION = "nfc-cpu-sched-3"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def template_problem(cfg: Mapping[str, Any]) -> str:
     def axis(v: Any) -> bool:
         return isinstance(v, str) and (v == "" or _POSITIONAL_AXIS.fullmatch(v) is not None)
     domains: dict[str, Any] = {**LOOP_FIXED_PARAMS, "vec": ANY_VEC}
+    # a dict recorded before the `parallel_reduce` knob leaves it out: the heuristic choice
+    cfg = {"parallel_reduce": 0, **cfg}
     why = _domain_problem({k: v for k, v in cfg.items() if k not in ("vec_axis", "tile_axis")},
                           domains)
     if not why:
@@ -129,6 +131,8 @@ def schedule_problem(op: Op, value: Any, target: CpuTarget | None = None) -> str
         domains["vec"] = ANY_VEC  # another target's vector width lowers all the same
     if isinstance(space, GemmSpace):
         value = {**GEMM_DEFAULTS, **value}
+    else:  # left out (written before the knob): the heuristic choice, valid wherever 0 is
+        value = {"parallel_reduce": 0, **value}
     why = _domain_problem(value, {k: tuple(v) for k, v in domains.items()})
     if not why:
         if isinstance(space, GemmSpace):

@@ -10,7 +10,10 @@ Two templates:
   the k loop unrolled (nfc.codegen.gemm_space, re-exported here).
 - `LoopSpace` for everything else: a vectorized axis (an output axis, or a reduction axis
   with per-lane partial results), a register tile of vectors and of a second output axis for
-  reductions, an unrolled innermost reduction, and fused parallel outer loops.
+  reductions, an unrolled innermost reduction, and fused parallel outer loops, or, with
+  `parallel_reduce` = P > 0, the reduction itself cut into P chunks spread over threads
+  (`Schedule.parallel_reduce`: the result does not depend on the thread count). A parameter
+  dict without `parallel_reduce` (recorded before the knob) takes the heuristic choice.
 
 The tuner (nfc.runtime.tuning.search) searches `params`; `to_schedule(cfg)` gives the schedule.
 
@@ -63,7 +66,11 @@ LOOP_FIXED_PARAMS: dict[str, tuple[int, ...]] = {
     "tile": (1, 2, 3, 4, 6, 8),
     "kunroll": (1, 2, 4, 8),
     "parallel": (0, 1),
+    "parallel_reduce": (0, 8, 64),
 }
+#: `parallel_reduce` when a parameter dict leaves it out (one recorded before the knob, or
+#: written by hand): the heuristic choice of `LoopSpace` (`parallel_chunks`).
+AUTO = -1
 #: The loop template's parameters.
 LOOP_PARAM_NAMES = frozenset({"vec_axis", "vec", "tile_axis", *LOOP_FIXED_PARAMS})
 #: Vector widths (elements) the loop template offers on some target: `{1, w/2, w, 2w}` for
@@ -137,6 +144,7 @@ class LoopSpace:
             "tile": list(LOOP_FIXED_PARAMS["tile"]),
             "kunroll": list(LOOP_FIXED_PARAMS["kunroll"]),
             "parallel": list(LOOP_FIXED_PARAMS["parallel"]),
+            "parallel_reduce": list(LOOP_FIXED_PARAMS["parallel_reduce"]),
         }
 
     def _score(self, a: str) -> float:
@@ -184,6 +192,24 @@ class LoopSpace:
                                "nvec": 1, "vec_split": 1, "tile_axis": "", "tile": 1,
                                "kunroll": 1, "parallel": 0}
         stride = self._residue_stride(best) if best in self.dims and vec > 1 else 1
+        if stride > 1 and self.ext[best] <= max(self.params["vec"]) and (
+                window := self._window_unroll(best)):
+            # the gradient of a stride-S window (col2im, a strided depthwise convolution's
+            # input gradient): vectorized plainly, the window axis read with `best` unrolled
+            # whole (its `// S` and `% S` lane patterns become constants, the gathers of
+            # neighbouring lanes share addresses) and a second output axis tiled. The residue
+            # split below stores with stride S, lane by lane: 2.5-6x slower on MobileNet's
+            # and ResNet-18's 2 x 2 ones (docs/performance.md, "Depthwise convolutions"),
+            # and `best` in one block of lanes: with a loop over blocks its `// S` would be
+            # computed lane by lane (ResNet-18's 32-wide one 3x slower with 2 blocks of 16)
+            cfg["kunroll"] = window
+            cfg["vec"] = min(v for v in self.params["vec"] if v >= self.ext[best])
+            others = [a for a in self.dims if a != best and self.ext[a] >= 4]
+            others.sort(key=lambda a: (self._residue_stride(a) > 1, self.dims.index(a)))
+            if others:
+                t = others[-1]
+                cfg["tile_axis"], cfg["tile"] = t, (4 if self.ext[t] % 4 == 0 else 2)
+            return self._finish(cfg)
         if stride > 1:
             cfg["vec_split"] = stride
             # the lanes run over `best // stride`: no wider than its extent
@@ -226,12 +252,25 @@ class LoopSpace:
                 cfg["tile_axis"], cfg["tile"] = t, self.ext[t]
         return self._finish(cfg)
 
+    def _window_unroll(self, a: str) -> int:
+        """`kunroll` that unrolls the last reduction axis whole when it is a short window
+        axis read together with output axis `a` (in one index of a load); else 0."""
+        if not self.raxes:
+            return 0
+        r = self.raxes[-1]
+        paired = any(a in index_names(ix) and r in index_names(ix)
+                     for ld in self.op.body.walk() if isinstance(ld, Load)
+                     for ix in ld.indices)
+        fits = [k for k in self.params["kunroll"] if k >= self.ext[r]]
+        return min(fits) if paired and fits and self.ext[r] > 1 else 0
+
     def _finish(self, cfg: dict[str, Any]) -> dict[str, Any]:
         red = math.prod(self.ext[a] for a in self.raxes)
         out = math.prod(self.ext[a] for a in self.dims)
         par_ext = self._parallel_extent(cfg)
         cfg["parallel"] = 1 if out * red >= PARALLEL_WORK and (
             par_ext > 1 or self._chunks(cfg)) else 0
+        cfg["parallel_reduce"] = self._chunks(cfg) if cfg["parallel"] else 0
         return cfg
 
     def _chunks(self, cfg: Mapping[str, Any]) -> int:
@@ -270,7 +309,9 @@ class LoopSpace:
 
     def is_valid(self, cfg: dict[str, Any]) -> bool:
         """Known values, a register tile that fits the vector registers, distinct axes."""
-        if any(cfg.get(k) not in v for k, v in self.params.items()):
+        cfg = {"parallel_reduce": AUTO, **cfg}  # left out: the heuristic choice
+        if any(cfg.get(k) not in v for k, v in self.params.items()
+               if not (k == "parallel_reduce" and cfg[k] == AUTO)):
             return False
         if loop_rule_problem(cfg, lambda a: a in self.dims, bool(self.raxes)):
             return False
@@ -356,7 +397,10 @@ class LoopSpace:
                     self.ext[name])
                 if total >= 64:
                     break
-        chunks = self._chunks(cfg) if cfg.get("parallel") and reduce_in_parallel else 0
+        chunks = 0
+        if cfg.get("parallel") and reduce_in_parallel and self.raxes:
+            pr = int(cfg.get("parallel_reduce", AUTO))
+            chunks = self._chunks(cfg) if pr == AUTO else pr
         par = [] if chunks else par
         return Schedule(splits=tuple(splits), order=tuple(order), vectorize=vec_loop,
                         unroll=tuple(unroll), parallel=tuple(par),
@@ -412,6 +456,9 @@ def loop_rule_problem(cfg: Mapping[str, Any], is_output_axis: Callable[[str], bo
         return "a compute without reduction takes no 'kunroll' and no 'tile_axis'"
     if (cfg["nvec"] if va else 1) > 4 and cfg["tile"] != 1:
         return "a long accumulator row ('nvec' above 4) is not also tiled"
+    if cfg.get("parallel_reduce", AUTO) not in (0, AUTO) and (
+            not cfg["parallel"] or has_reduction is False):
+        return "'parallel_reduce' above 0 needs 'parallel' = 1 and a reduction"
     return ""
 
 

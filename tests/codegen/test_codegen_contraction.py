@@ -144,12 +144,14 @@ def test_residue_split_vectorizes_stride_two_window_gradients():
     from nfc.codegen.space import LoopSpace
     from nfc.ir import Binary, Const, Index, Select
 
-    dy = tensor("dy", (3, 9))
+    # w wider than one block of lanes (a narrower one is vectorized plainly with the window
+    # unrolled: test_codegen_depthwise.py)
+    dy = tensor("dy", (3, 34))
     w, s = Index("w"), Index("s")
     q = Binary("-", Binary("//", w, Const(2)), s)
-    cond = Binary("and", Binary("and", Binary("<=", Const(0), q), Binary("<", q, Const(9))),
+    cond = Binary("and", Binary("and", Binary("<=", Const(0), q), Binary("<", q, Const(34))),
                   Binary("<=", Binary("%", w, Const(2)), s))
-    op = compute({"n": 3, "w": 19}, Select(cond, ld(dy, "n", q), Const(0.0)),
+    op = compute({"n": 3, "w": 67}, Select(cond, ld(dy, "n", q), Const(0.0)),
                  reduce="sum", raxes={"s": 2})
     space = schedule_space(op)
     assert isinstance(space, LoopSpace)
@@ -183,13 +185,13 @@ def test_residue_split_with_a_padding_offset_and_index_simplification():
     rem = simplify_index(Binary("%", x, Const(2)), {"q": (0, 7), "p": (0, 1)})
     assert "q" not in {e.name for e in rem.walk() if isinstance(e, Index)}
 
-    dy, k = tensor("dy", (2, 8)), tensor("k", (3,))
+    dy, k = tensor("dy", (2, 33)), tensor("k", (3,))
     w, s = Index("w"), Index("s")
     h = Binary("-", Binary("//", Binary("+", w, Const(1)), Const(2)), s)
     tap = Binary("+", Binary("*", Const(2), s), Binary("%", Binary("+", w, Const(1)), Const(2)))
-    cond = Binary("and", Binary("and", Binary("<=", Const(0), h), Binary("<", h, Const(8))),
+    cond = Binary("and", Binary("and", Binary("<=", Const(0), h), Binary("<", h, Const(33))),
                   Binary("<", tap, Const(3)))
-    op = compute({"n": 2, "w": 17}, Select(cond, ld(dy, "n", h) * ld(k, tap), Const(0.0)),
+    op = compute({"n": 2, "w": 65}, Select(cond, ld(dy, "n", h) * ld(k, tap), Const(0.0)),
                  reduce="sum", raxes={"s": 2})
     space = schedule_space(op)
     assert isinstance(space, LoopSpace)

@@ -200,7 +200,8 @@ def test_a_phase_pack_of_an_operand_read_contiguously_changes_nothing():
     check(op, sched)
 
 
-def test_residue_split_lanes_fit_the_quotient():
+@pytest.mark.parametrize("taps", [2, 9])
+def test_residue_split_lanes_fit_the_quotient(taps):
     from nfc.ir import Binary, Index, Select
 
     dy = tensor("dy", (4, 8))
@@ -210,9 +211,13 @@ def test_residue_split_lanes_fit_the_quotient():
                   Binary("<", Binary("+", Binary("*", Const(2), s),
                                      Binary("%", Binary("+", w, Const(1)), Const(2))), Const(3)))
     op = compute({"n": 4, "w": 16}, Select(cond, ld(dy, "n", q), Const(0.0)),
-                 reduce="sum", raxes={"s": 2})
+                 reduce="sum", raxes={"s": taps})
     cfg = LoopSpace(op).default()
-    assert cfg["vec_split"] == 2 and cfg["vec"] <= 8  # w // 2 takes 8 values
+    if taps == 2:
+        # a short window read with w: plain lanes over w, the window unrolled whole
+        assert cfg["vec_split"] == 1 and cfg["vec_axis"] == "w" and cfg["kunroll"] == 2
+    else:  # a window too long to unroll: the residue split, lanes over w // 2
+        assert cfg["vec_split"] == 2 and cfg["vec"] <= 8  # w // 2 takes 8 values
     check(op, LoopSpace(op).to_schedule(cfg))
 
 

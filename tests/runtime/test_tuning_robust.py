@@ -137,7 +137,8 @@ def test_schedule_problem_checks_the_op_itself() -> None:
     ("{mr = 99, nv = 2, mc_tiles = 3, kc = 32, ku = 4, pack_a = 0, parallel = 1}",
      "'mr' = 99 is not one of"),
     ("{mr = 12}", "parameters missing"),
-    ('{kind = "compute", version = "nfc-cpu-sched-2", splits = [{axis = "zz", sizes = [4]}]}',
+    ('{kind = "compute", version = "' + SCHEDULE_VERSION
+     + '", splits = [{axis = "zz", sizes = [4]}]}',
      "unknown axes"),
     ("7", "dictionary"),
 ])
