@@ -134,7 +134,11 @@ def test_kill_9_then_static_and_dynamic_restarts_reuse_what_was_found(monkeypatc
         assert len(recorded) >= TRIALS
         best = cache.best(category, key)
         assert best is not None and best.time is not None
-        assert best.time <= searched["default_s"] * (1 + 1e-9)
+        # the best is the fastest record (the default's included: a later measurement of the
+        # same schedule, e.g. the explorer's check against the running kernel, replaces its
+        # time, so the search's own default_s is not a bound)
+        timed = [e.time for e in recorded if e.time is not None and not e.error and not e.pruned]
+        assert best.time <= min(timed) * (1 + 1e-9)
         table = schedules_from_cache(kernels, cache, category)
     assert key in table and table[key] == dict(best.schedule)
 
