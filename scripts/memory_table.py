@@ -20,7 +20,8 @@ after the imports) is added. `--markdown` prints a Markdown table.
 
 `--batch-search`: the budget is the model's default-batch peak without any option; the largest
 batch (between the default and `--max-factor` times it) whose peak fits that budget, with the
-default pipeline and with `compress-activations,remat{peak=budget}` (`--bf16`: with
+default pipeline, with `remat{peak=budget}` and with `compress-activations,remat{peak=budget}`
+(masks and recomputation are measured apart: their combination can be worse; `--bf16`: with
 `compress-activations{dtype=bf16},remat{peak=budget}` instead, which is lossy).
 """
 
@@ -158,7 +159,8 @@ def batch_search(path: str, max_factor: float, bf16: bool = False) -> None:
             return False, 0
         return rep.total <= budget, rep.total
 
-    modes = [("default", ""), ("masks+remat", f"compress-activations,remat{{peak={budget}}}")]
+    modes = [("default", ""), ("remat", f"remat{{peak={budget}}}"),
+             ("masks+remat", f"compress-activations,remat{{peak={budget}}}")]
     if bf16:
         modes = [("bf16+remat", f"compress-activations{{dtype=bf16}},remat{{peak={budget}}}")]
     for label, middle in modes:

@@ -32,6 +32,7 @@ import networkx as nx
 
 from nfc.ir import ComputeOp, Func, Op, ReturnOp
 from nfc.passes.fusion.reward import EMPTY, CostModel, GroupCost
+from nfc.passes.memplan import LATE_PHASES
 
 #: The consumer id standing for the function's `nf.return`.
 RETURN = -1
@@ -347,6 +348,21 @@ class Partitioner:
         return self._delta([self.group_cost(ga), self.group_cost(gg)], [after_a, after_g])
 
     def _candidates_of(self, gid: int) -> Iterator[tuple[str, tuple]]:
+        for kind, args in self._all_candidates_of(gid):
+            if kind == "merge" and self._undoes_remat(*args):
+                continue
+            yield kind, args
+
+    def _undoes_remat(self, a: int, b: int) -> bool:
+        """Whether merging groups a and b puts a recomputation (`nf.remat`, made by the remat
+        pass for the backward) into a forward kernel: the value would be live from the
+        forward on again, which is what recomputing it was to avoid."""
+        ga, gb = self.groups.get(a), self.groups.get(b)
+        if ga is None or gb is None:
+            return False
+        return (_has_remat(ga) and _has_forward(gb)) or (_has_remat(gb) and _has_forward(ga))
+
+    def _all_candidates_of(self, gid: int) -> Iterator[tuple[str, tuple]]:
         g = self.groups[gid]
         if g.fixed:
             return
@@ -535,8 +551,13 @@ class Partitioner:
     # -- the result
 
     def ordered_groups(self) -> list[Group]:
-        """Groups in a topological order of the quotient graph, program order preferred."""
+        """Groups in a topological order of the quotient graph, program order preferred (a
+        group holding a recomputation is placed right before its first consumer, not where
+        its first op's position would put it, in the forward)."""
         first = {gid: min(self.pos[id(op)] for op in g.members) for gid, g in self.groups.items()}
+        for gid, g in self.groups.items():  # a recomputation runs just before its first consumer
+            if _has_remat(g) and self.succ[gid]:
+                first[gid] = (min(first[s] for s in self.succ[gid])[0] - 0.5, -1)
         indeg = {gid: len(self.pred[gid]) for gid in self.groups}
         ready = [(first[gid], gid) for gid, d in indeg.items() if d == 0]
         heapq.heapify(ready)
@@ -550,3 +571,11 @@ class Partitioner:
                     heapq.heappush(ready, (first[s], s))
         assert len(out) == len(self.groups), "the quotient graph has a cycle"
         return out
+
+
+def _has_remat(g: Group) -> bool:
+    return any(op.attrs.get("nf.remat") for op in g.members)
+
+
+def _has_forward(g: Group) -> bool:
+    return any(op.attrs.get("nf.phase") not in LATE_PHASES for op in g.members)

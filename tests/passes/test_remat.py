@@ -201,3 +201,28 @@ def test_artifact_arena_with_remat_is_never_larger(path):
         art = build_artifact(m, functions=["train_step"])
         arenas.append(art.plans["train_step"].memory_report().arena)
     assert arenas[1] <= arenas[0], (path, arenas)
+
+
+def test_fuse_keeps_recomputations_out_of_the_forward():
+    """`fuse` after `remat` neither merges a recomputed value into a forward kernel nor runs
+    its kernel during the forward: either would make it live from the forward on again (the
+    im2col columns of ResNet-18 were, so a budget bought no memory). Every kernel holding a
+    recomputation holds nothing of the forward and runs right before its first consumer; the
+    step keeps its bits."""
+    from nfc.ir import KernelOp
+
+    rest = ",apply-tuning,fuse"
+    m0, _ = _module(BEFORE_FUSION + rest)
+    m1, _ = _module(BEFORE_FUSION + ",remat" + rest)
+    ops = m1.func("train_step").body.ops
+
+    def members(op):
+        return op.body.ops if isinstance(op, KernelOp) else [op]
+
+    remat = [n for n, op in enumerate(ops) if any(o.attrs.get("nf.remat") for o in members(op))]
+    assert remat
+    for n in remat:
+        assert all(o.attrs.get("nf.phase") == "backward" for o in members(ops[n])), ops[n]
+        made = {id(r) for r in ops[n].results}
+        assert any(id(v) in made for v in ops[n + 1].operands), (n, ops[n + 1])
+    _same_bits(m0, m1)
