@@ -97,7 +97,13 @@ def lower_kernel(op: ComputeOp | KernelOp | Sequence[ComputeOp],
                  name: str = "kernel", target: CpuTarget | None = None) -> KernelInfo:
     """The loop IR and buffer layout of a kernel, without emitting LLVM IR (`emit_lowered`
     does that later, or never when the object code is cached)."""
-    loops = lower(op, resolve_schedule(op, schedule, target), name=name)
+    default = None
+    if target is not None:  # stages without a schedule get the target's default, not the host's
+        from nfc.codegen.space import default_schedule
+
+        def default(o: ComputeOp) -> Schedule:
+            return default_schedule(o, target)
+    loops = lower(op, resolve_schedule(op, schedule, target), name=name, default=default)
     _, outs, ins = group_of(op)
     return KernelInfo(name, loops, tuple(outs), tuple(ins))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 
 import numpy as np
 import pytest
@@ -211,3 +212,19 @@ def test_schedule_attribute_and_group_spec():
     spec = json.loads(json.dumps(kernel_spec(kop)))
     ins = random_inputs([x], 2)
     assert_matches(kop, ins, [build(spec, None)(ins)])
+
+
+@pytest.mark.parametrize("bits", [256, 512])
+def test_default_schedules_follow_the_given_target(bits):
+    # a kernel emitted for an explicit target gets that target's default schedule (vector
+    # width, micro-tile), not the host's: cross-compiling and the forced-feature test path
+    host = host_target()
+    avx512 = ",+avx512f,+avx512vl,+avx512bw,+avx512dq" if bits == 512 else \
+        ",-avx512f,-avx512vl,-avx512bw,-avx512dq"
+    t = CpuTarget("skylake-avx512" if bits == 512 else "haswell", host.features + avx512,
+                  host.triple)
+    assert t.vector_bits == bits
+    m = new_module("t", t)
+    emit_kernel(m, "mm", matmul(64, 64, 64), target=t)
+    widths = {int(w) for w in re.findall(r"<(\d+) x float>", str(m))}
+    assert max(widths) == t.lanes(F32), widths
