@@ -363,6 +363,14 @@ class Bound:
         self._args = (ctypes.addressof(self._argv), ctypes.addressof(self._outv),
                       fn._arena_addr)
 
+    def share_arena(self, other: Function) -> None:
+        """Run on `other`'s arena instead of this function's own (the same memory plan, e.g. a
+        profiled build of the same kernels; the two must never run at the same time)."""
+        if other.meta["arena_bytes"] < self.fn.meta["arena_bytes"]:
+            raise ArtifactError(f"{self.fn.name}: the arena of '{other.model.path}' is smaller "
+                                "than this function's")
+        self._args = (*self._args[:2], other._arena_addr)
+
     def __call__(self) -> dict[str, np.ndarray]:
         """Run the step on the bound buffers; returns `outputs` (overwritten next call)."""
         self.fn._fn(*self._args)

@@ -142,7 +142,7 @@ class SwappableStep:
         if twin.fn.meta["arena_bytes"] <= running.meta["arena_bytes"]:
             # the running step's arena (the same plan: warm in the caches, no second block
             # touched for the first time in a sampled step); steps never overlap
-            twin._args = (*twin._args[:2], running._arena_addr)
+            twin.share_arena(running)
         self._twin = twin
         self._twin_for = library
         self.libraries.append(new)
