@@ -28,7 +28,8 @@ them, not through `JitKernel.run`'s argument checks.
 With `--trees A,B` every tree runs this script in a subprocess of its own (its sources first
 on PYTHONPATH), the trees alternating for `--rounds` rounds; each subprocess measures its own
 peak, so the % of peak columns are comparable under a changing load. The medians of the
-rounds are printed side by side.
+rounds are printed side by side. A tree may carry environment settings for its runs,
+`--trees .:NFC_STRIDED_LOADS=0,.` (the same checkout with and without strided vector loads).
 """
 
 from __future__ import annotations
@@ -415,7 +416,9 @@ def compare(trees: list[str], argv: list[str], rounds: int) -> None:
     here = Path(__file__).resolve()
     for r in range(rounds):
         for t in (trees if r % 2 == 0 else list(reversed(trees))):
-            env = dict(os.environ, PYTHONPATH=str(Path(t).resolve()))
+            path, _, sets = t.partition(":")  # `tree:VAR=VALUE+VAR=VALUE`
+            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()))
+            env.update(kv.split("=", 1) for kv in sets.split("+") if "=" in kv)
             out = subprocess.run([sys.executable, str(here), *argv, "--json"], env=env,
                                  capture_output=True, text=True, check=True)
             results[t].append(json.loads(out.stdout.strip().splitlines()[-1]))

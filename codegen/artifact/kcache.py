@@ -135,13 +135,15 @@ def schedule_json(schedule: Any) -> str:
 
 
 def target_text(target: CpuTarget) -> str:
-    """What decides code besides the kernel: triple, CPU, features, function attributes and
-    the LLVM pipeline options."""
+    """What decides code besides the kernel: triple, CPU, features, function attributes, the
+    LLVM pipeline options and the emitter's switches (`NFC_STRIDED_LOADS=0`)."""
     from nfc.codegen.jit import pipeline_options
+    from nfc.codegen.llvm.exprs import strided_loads
 
     feats = ",".join(sorted(f for f in target.features.split(",") if f))
     return (f"{target.triple}|{target.cpu}|{feats}|{'|'.join(target.function_attributes)}|"
-            f"{json.dumps(pipeline_options(), sort_keys=True)}")
+            f"{json.dumps(pipeline_options(), sort_keys=True)}"
+            + ("" if strided_loads() else "|strided-loads=0"))
 
 
 def kernel_key(op: ComputeOp | KernelOp, schedule: Any, target: CpuTarget, *,

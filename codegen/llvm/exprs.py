@@ -3,9 +3,10 @@
 Inside a vectorized loop every expression is emitted once for all lanes: a value that depends
 on the lane variable becomes an LLVM vector, one that does not stays scalar and is splatted
 where it meets a vector. A load whose flattened offset has lane coefficient 1 is one vector
-load, 0 a scalar load (broadcast), anything else a gather lane by lane. Loads under a
-lane-dependent condition (a `select` guard, a `Clamp` of a padded tile, an `If` around the
-store) are masked, so a lane that is switched off never touches memory.
+load, 0 a scalar load (broadcast), 2 to 4 (a stride-2 window read along the lanes) one wide
+load and a shuffle taking every s-th element (`strided_load`), anything else a gather lane by
+lane. Loads under a lane-dependent condition (a `select` guard, a `Clamp` of a padded tile,
+an `If` around the store) are masked, so a lane that is switched off never touches memory.
 
 f16 and bf16 values are f32 in registers and 16-bit (`i16` bit patterns) in tensors: a load
 widens, a store rounds to the format (nearest even), and a cast to f16/bf16 rounds (the value
@@ -18,6 +19,7 @@ such values as f32 (`storage`): only tensors (parameters, the workspace) are 16-
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,19 @@ from nfc.codegen.llvm import render
 from nfc.codegen.llvm.fold import const_ints, int_constant
 from nfc.codegen.loops import Buffer, BufLoad, Clamp, Scope
 from nfc.ir import Binary, Const, DType, Expr, Index, Select
+
+#: Strided vector loads (`ExprEmitter.strided_load`): lane strides 2..MAX_STRIDE, at most
+#: MAX_STRIDED_ELEMS elements loaded at once (beyond: lane by lane).
+MAX_STRIDE, MAX_STRIDED_ELEMS = 4, 64
+
+
+def strided_loads() -> bool:
+    """Whether loads with a small constant lane stride are emitted as a wide load and a
+    shuffle (default) or lane by lane (`NFC_STRIDED_LOADS=0`, for comparisons; part of the
+    kernel key through `kcache.target_text`)."""
+    return os.environ.get("NFC_STRIDED_LOADS", "1").strip().lower() not in (
+        "0", "off", "no", "false")
+
 
 #: The 16-bit float formats: f32 in registers, 16-bit bit patterns in memory.
 HALF = frozenset({DType.F16, DType.BF16})
@@ -435,16 +450,7 @@ class ExprEmitter:
         if coeff == 1:
             base = self.scalar_at_lane0(off)
             p = self.gep(buf, base)
-            mask = self.mask
-            for c in clamps:
-                x = self.value(c.x, DType.I64)  # value(): a gather index is an i32 load
-                known = const_ints(x)
-                if known is not None and all(v <= c.hi for v in known):
-                    continue  # every lane in bounds: no mask needed for this clamp
-                ok = b.icmp_signed("<=", x, M.const(x.type, c.hi)) if known is None else (
-                    int_constant(M.like(x.type, M.I1), [v <= c.hi for v in known]))
-                ok = self.vec(ok)
-                mask = ok if mask is None else b.and_(mask, ok)
+            mask = self.lane_mask(clamps)
             if mask is None:
                 v = b.load(p, typ=vt, align=_size(et))
             else:
@@ -452,6 +458,9 @@ class ExprEmitter:
                                [p.type, M.I32, mask.type, vt])
                 v = b.call(fn, [p, ir.Constant(M.I32, _size(et)), mask, ir.Constant(vt, None)])
             return self.from_mem(v, sdt)
+        if coeff is not None and 2 <= coeff <= MAX_STRIDE and coeff * self.width <= (
+                MAX_STRIDED_ELEMS) and strided_loads():
+            return self.from_mem(self.strided_load(buf, off, clamps, coeff, vt), sdt)
         # gather, lane by lane (clamps kept); a switched-off lane reads element 0
         off, _ = self.address(buf, e.indices, strip=False)
         out = ir.Constant(vt, ir.Undefined)
@@ -463,6 +472,63 @@ class ExprEmitter:
             out = b.insert_element(out, b.load(self.gep(buf, o), typ=et),
                                    ir.Constant(M.I32, lane))
         return self.from_mem(out, sdt)
+
+    def lane_mask(self, clamps: list[Clamp]) -> ir.Value | None:
+        """The lanes that read memory: the current mask and, per lane-dependent clamp, the
+        lanes whose index is within it (a clamped lane past a padded tile's end is a lane
+        whose result is discarded); None when every lane reads."""
+        b = self.b
+        mask = self.mask
+        for c in clamps:
+            x = self.value(c.x, DType.I64)  # value(): a gather index is an i32 load
+            known = const_ints(x)
+            if known is not None and all(v <= c.hi for v in known):
+                continue  # every lane in bounds: no mask needed for this clamp
+            ok = b.icmp_signed("<=", x, M.const(x.type, c.hi)) if known is None else (
+                int_constant(M.like(x.type, M.I1), [v <= c.hi for v in known]))
+            ok = self.vec(ok)
+            mask = ok if mask is None else b.and_(mask, ok)
+        return mask
+
+    def strided_load(self, buf: Buffer, off: Expr, clamps: list[Clamp], stride: int,
+                     vt: ir.VectorType) -> ir.Value:
+        """Lanes `base + stride * l` (a stride-2 window read along the lanes) as one load of
+        the `stride * width` elements from `base` and a `shufflevector` taking every
+        `stride`-th: two (three, four) vector loads and a permute instead of a load and an
+        insert per lane. Only the elements the lanes read are touched: with a mask (guards,
+        clamps) the wide load is masked to the switched-on lanes' elements; without one it is
+        a plain load when the interval of the offset proves its last `stride - 1` elements
+        (past the last lane's) inside the buffer, else masked to end at the last lane's
+        element (on AVX2 a plain load and a `vmaskmovps` for the last part)."""
+        b = self.b
+        w = self.width
+        n = stride * w
+        wt = ir.VectorType(vt.element, n)
+        p = self.gep(buf, self.scalar_at_lane0(off))
+        mask = self.lane_mask(clamps)
+        align = _size(vt.element)
+        if mask is None:
+            iv = interval(off, self.ranges)
+            if iv is not None and iv[1] + stride - 1 < buf.size:
+                wide = b.load(p, typ=wt, align=align)
+                return self._every(wide, stride, w)
+            # the elements up to the last lane's (after it, stride - 1 may lie outside)
+            wmask: ir.Value = ir.Constant(ir.VectorType(M.I1, n),
+                                          [k <= stride * (w - 1) for k in range(n)])
+        else:
+            lanes = ir.VectorType(M.I1, w)
+            wmask = b.shuffle_vector(mask, ir.Constant(lanes, None), ir.Constant(
+                ir.VectorType(M.I32, n), [k // stride if k % stride == 0 else w
+                                          for k in range(n)]))
+        fn = M.declare(b.module, f"llvm.masked.load.{M.type_suffix(wt)}.p0", wt,
+                       [p.type, M.I32, wmask.type, wt])
+        wide = b.call(fn, [p, ir.Constant(M.I32, align), wmask, ir.Constant(wt, None)])
+        return self._every(wide, stride, w)
+
+    def _every(self, wide: ir.Value, stride: int, w: int) -> ir.Value:
+        """Every `stride`-th element of `wide`, `w` of them."""
+        return self.b.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined), ir.Constant(
+            ir.VectorType(M.I32, w), [stride * k for k in range(w)]))
 
     def scalar_at_lane0(self, e: Expr) -> ir.Value:
         """`e` with the lane variable at 0, as a scalar i64."""
