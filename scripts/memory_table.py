@@ -3,6 +3,7 @@
     .venv/bin/python scripts/memory_table.py [--codegen] [MODEL.nf ...] [--set batch=8]
     .venv/bin/python scripts/memory_table.py --options [MODEL.nf ...] [--bench BENCH.jsonl]
     .venv/bin/python scripts/memory_table.py --batch-search MODEL.nf [--max-factor 4]
+    .venv/bin/python scripts/memory_table.py --breakdown MODEL.nf [--set batch=32] [--middle P]
 
 Default: the planner against its lower bound. Without `--codegen` the plan is the IR level one
 after the `nfc compile` pipeline (no kernel workspaces); with it the artifact's own plan
@@ -23,6 +24,11 @@ batch (between the default and `--max-factor` times it) whose peak fits that bud
 default pipeline, with `remat{peak=budget}` and with `compress-activations,remat{peak=budget}`
 (masks and recomputation are measured apart: their combination can be worse; `--bf16`: with
 `compress-activations{dtype=bf16},remat{peak=budget}` instead, which is lossy).
+
+`--breakdown`: the artifact plan's three busiest moments (op positions of the step) with the
+largest buffers live there: values by name and type, kernel workspaces with their largest
+allocations (GEMM panels, a fused kernel's temporaries); `--middle` puts passes before
+tuning, as the other modes do.
 """
 
 from __future__ import annotations
@@ -178,6 +184,40 @@ def batch_search(path: str, max_factor: float, bf16: bool = False) -> None:
               f"({lo / default:.2f}x the default)", flush=True)
 
 
+def breakdown(path: str, params: dict, middle: str, top: int = 3) -> None:
+    """Print the busiest moments of `path`'s train_step plan and what is live there."""
+    from nfc.codegen.artifact import build_artifact
+    from nfc.codegen.jit import lower_kernel
+    from nfc.runtime.build import build_module
+
+    pipeline = ",".join(p for p in (BASE, middle, REST) if p)
+    module, _ = build_module(path, params, {}, pipeline)
+    plan = build_artifact(module, functions=["train_step"]).plans["train_step"]
+    rep = plan.memory_report()
+    ops = plan.func.body.ops
+    values = {id(v): v for op in ops for v in op.results}
+    bufs = plan.buffers
+    live = [0] * (max(b.end for b in bufs) + 1)
+    for b in bufs:
+        for t in range(b.start, b.end + 1):
+            live[t] += b.size
+    print(f"{path} {params} {middle or 'default'}: peak {rep.total:,} bytes, arena "
+          f"{rep.arena:,}")
+    for t in sorted(range(len(live)), key=lambda t: -live[t])[:top]:
+        print(f"  op {t}: {live[t]:,} bytes live")
+        for b in sorted((b for b in bufs if b.start <= t <= b.end), key=lambda b: -b.size)[:6]:
+            if b.key[0] == "v":
+                v = values[b.key[1]]
+                what = f"value %{v.name} {v.type}, live {b.start}-{b.end}"
+            else:
+                n = b.key[1]
+                info = lower_kernel(ops[n], ops[n].attrs.get("nf.schedule"))
+                big = sorted(info.loops.workspace_buffers, key=lambda w: -w.nbytes)[:3]
+                what = f"{b.key[0]} of op {n}: " + ", ".join(
+                    f"{w.name}{list(w.shape)} {fmt_bytes(w.nbytes)}" for w in big)
+            print(f"    {fmt_bytes(b.size):>11}  {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--batch-search", action="store_true")
     ap.add_argument("--max-factor", type=float, default=4.0)
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--middle", default="", help="with --breakdown: passes before tuning")
     ap.add_argument("--bf16", action="store_true",
                     help="with --batch-search: only masks, bf16 storage and remat (lossy)")
     args = ap.parse_args(argv)
@@ -200,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             batch_search(m, args.max_factor, args.bf16)
         return 0
     from nfc.runtime.build import build_module, parse_settings, pipeline_for
+
+    if args.breakdown:
+        for m in args.models:
+            breakdown(m, parse_settings(args.settings)[0], args.middle)
+        return 0
 
     models = args.models or _examples()
     print(f"{'model':<34} {'bufs':>5} {'old arena':>11} {'new arena':>11} {'lower bnd':>11} "

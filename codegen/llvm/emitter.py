@@ -117,8 +117,16 @@ class FuncEmitter(ExprEmitter):
         elif isinstance(s, If):
             self.if_(s)
         elif isinstance(s, Allocate):
+            # the pointer is known inside the allocation only: one made inside a loop (a pack
+            # filled per batch element) does not dominate what follows the loop, such as the
+            # pointers a later parallel region passes to its body
+            outer = self.ptrs.get(s.buffer.name)
             self.ptrs[s.buffer.name] = self.allocate(s.buffer)
             self.stmt(s.body)
+            if outer is None:
+                del self.ptrs[s.buffer.name]
+            else:
+                self.ptrs[s.buffer.name] = outer
         elif isinstance(s, Barrier):
             raise NotImplementedError("barriers exist only on GPUs")
         else:

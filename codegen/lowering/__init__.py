@@ -4,7 +4,8 @@
   parallel loops into one.
 - `tails`: what the loops of an axis do about a partial last block (`TailStrategy`: shrink,
   guard, peel), and the guards and clamps that follow.
-- `packing`: operands repacked into panels before the main nest (`Schedule.pack`).
+- `packing`: operands repacked into panels before the main nest (`Schedule.pack`), or, for
+  a large operand indexed by the outer batch loops, per batch element inside them.
 - `reductions`: accumulators: where they start, their scope, initialisation, update and
   write-back.
 - `stage`: `lower_stage`, the above put together.

@@ -12,12 +12,21 @@ A phase pack (`Pack.kind` "phase", a polyphase layout) splits dimension `dim` in
 `X[h, 2q + p]` at `[h, p, q]`, and a load `X[.., ix]` becomes `X_pack[.., ix % 2, ix // 2]`;
 for a strided read `ix = 2j + e` that is `[.., (e) % 2, j + e // 2]` once simplified, unit
 stride in `j` where the original was a gather (a stride-2 convolution's window).
+
+A large panel pack is filled per iteration of the outermost loops when they are batch loops
+that index the operand (`local_loops`): a convolution over im2col columns `cols[n, k, j]` with
+the batch `n` outermost packs `cols[n]` inside the `n` loop, into a workspace of one image's
+panels instead of all of them (the panels of a batch of 32 capsule columns: 95.6 MB whole, 3 MB
+per image). Every element is still packed once and the main nest reads the same values in the
+same order (results bit for bit those of the whole pack); the loops around a fill run serially
+(one buffer), the parallel loops inside them stay parallel.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nfc.codegen.loops import (
     Allocate,
@@ -32,7 +41,7 @@ from nfc.codegen.loops import (
     Store,
     unique_name,
 )
-from nfc.codegen.lowering.axes import ScheduleError
+from nfc.codegen.lowering.axes import Loops, ScheduleError, fuse_parallel
 from nfc.codegen.lowering.tails import Tails
 from nfc.codegen.schedule import Pack, Schedule
 from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, Value
@@ -52,6 +61,11 @@ class Packed:
     """Whether the layout covers every index a tail reads past the end of `dim` (panels
     always; a phase pack when the reads' bounds are known), so that dimension is not
     clamped."""
+    outer: tuple[str, ...] = ()
+    """The outermost loops the panels are filled inside, one fill per iteration (module
+    docstring); empty: filled once before the nest."""
+    drop: tuple[int, ...] = ()
+    """The operand's dimensions those loops index (parallel to `outer`): not in the panels."""
 
     @property
     def keep(self) -> int:
@@ -62,6 +76,11 @@ class Packed:
         """The panel element holding the operand's element at `indices`."""
         d, f = self.dim, self.factor
         ix = indices[d]
+        if self.drop:
+            assert not self.phase
+            return BufLoad(self.buffer, (Binary("//", ix, Const(f)), *(
+                x for k, x in enumerate(indices) if k != d and k not in self.drop),
+                Binary("%", ix, Const(f))))
         if self.phase:
             return BufLoad(self.buffer, (*indices[:d], Binary("%", ix, Const(f)),
                                          Binary("//", ix, Const(f)), *indices[d + 1:]))
@@ -84,14 +103,79 @@ def plan_packs(op: ComputeOp, sched: Schedule, tails: Tails, bufs: dict[int, Buf
         if p.kind != "panel":
             raise ScheduleError(f"unknown pack kind '{p.kind}'")
         _check(op, p, src_val, src, tails)
-        packs.append((id(src_val), _pack(p, src, parallel, used_names)))
+        outer = {} if sched.parallel_reduce else local_loops(op, p, src_val, src, tails)
+        packs.append((id(src_val), _pack(p, src, parallel, used_names, outer)))
     return packs
 
 
-def with_packs(main: Stmt, packs: Sequence[tuple[int, Packed]]) -> Stmt:
-    """`main` preceded by the nests that fill the panels, inside their allocations."""
-    for _, pk in reversed(packs):
-        main = Allocate(pk.buffer, Seq((pk.fill, main)))
+def local_loops(op: ComputeOp, p: Pack, src_val: Value, src: Buffer,
+                tails: Tails) -> dict[str, int]:
+    """The loops (outermost first, with the operand dimension each indexes) inside which
+    the panels of `p` are filled per iteration: the longest prefix of the nest's loops that
+    are unsplit output axes read as a plain index of one dimension of every load of the
+    operand (so no element is packed twice), when the whole panels take at least
+    `LOCAL_PACK_BYTES` and the parallel loops left inside run at least `LOCAL_MIN_PARALLEL`
+    iterations (none were parallel, or enough stay so). Empty: the whole operand at once."""
+    loops = tails.loops
+    nblk = -(-src.shape[p.dim] // p.factor)
+    whole = nblk * p.factor * math.prod(src.shape) // src.shape[p.dim] * src.dtype.itemsize
+    if whole < LOCAL_PACK_BYTES:
+        return {}
+    loads = [ld for ld in op.body.walk() if isinstance(ld, Load) and ld.tensor is src_val]
+    out: dict[str, int] = {}
+    for loop in loops.order:
+        ax = loops.owner[loop]
+        if ax.reduce or ax.sizes or loops.kinds[loop] not in (LoopKind.SERIAL,
+                                                             LoopKind.PARALLEL):
+            break
+        dims = {next((d for d, ix in enumerate(ld.indices) if ix == Index(loop)), -1)
+                for ld in loads}
+        if len(dims) != 1 or -1 in dims or p.dim in dims or set(dims) & set(out.values()):
+            break
+        out[loop] = dims.pop()
+    while out and loops.parallel:
+        left = [lp for lp in loops.parallel if lp not in out]
+        if math.prod(loops.const(lp) for lp in left) >= LOCAL_MIN_PARALLEL:
+            break
+        out.popitem()  # keep more batch loops parallel: smaller savings, same work split
+    return out
+
+
+#: Panel packs of at least this many bytes (whole) are filled per batch iteration when their
+#: operand allows it (`local_loops`); smaller ones stay whole, as before (they cost little
+#: memory, and their kernels stay exactly as they were).
+LOCAL_PACK_BYTES = 4 << 20
+#: Fewest parallel iterations a local fill may leave a parallel stage (its loops around the
+#: fill become serial).
+LOCAL_MIN_PARALLEL = 8
+
+
+def with_packs(main: Stmt, packs: Sequence[tuple[int, Packed]], loops: Loops,
+               used_names: set[str]) -> Stmt:
+    """`main` (the stage's nest, parallel loops not yet fused) with its parallel loops fused
+    and the nests that fill the panels before it, inside their allocations: whole packs
+    before the nest, local ones (`Packed.outer`) inside their loops, which run serially."""
+    depth = max((len(pk.outer) for _, pk in packs), default=0)
+    if depth == 0:
+        main = fuse_parallel(main, loops, used_names)
+        for _, pk in reversed(packs):
+            main = Allocate(pk.buffer, Seq((pk.fill, main)))
+        return main
+    fors: list[For] = []
+    for name in loops.order[:depth]:
+        assert isinstance(main, For) and main.var == name, (name, main)
+        fors.append(main)
+        main = main.body
+    serial = set(loops.order[:depth])
+    main = fuse_parallel(main, replace(loops, parallel=[lp for lp in loops.parallel
+                                                        if lp not in serial]), used_names)
+    for level in reversed(range(depth + 1)):
+        for _, pk in reversed(packs):
+            if len(pk.outer) == level:
+                main = Allocate(pk.buffer, Seq((pk.fill, main)))
+        if level:
+            f = fors[level - 1]
+            main = For(f.var, f.extent, LoopKind.SERIAL, main)
     return main
 
 
@@ -106,17 +190,21 @@ def _check(op: ComputeOp, p: Pack, src_val: Value, src: Buffer, tails: Tails) ->
                 raise ScheduleError("tiles of a packed axis must fit the packed panels")
 
 
-def _pack(p: Pack, src: Buffer, parallel: bool, used_names: set[str]) -> Packed:
+def _pack(p: Pack, src: Buffer, parallel: bool, used_names: set[str],
+          outer: dict[str, int] | None = None) -> Packed:
     shape = src.shape
+    outer = outer or {}
+    drop = {d: loop for loop, d in outer.items()}
     nblk = -(-shape[p.dim] // p.factor)
-    rest = shape[:p.dim] + shape[p.dim + 1:]
+    rest = [shape[d] for d in range(len(shape)) if d != p.dim and d not in drop]
     pbuf = Buffer(unique_name(f"{src.name}_pack", used_names, "pack"),
                   (nblk, *rest, p.factor), src.dtype, Scope.GLOBAL)
     pvars = [f"{pbuf.name}.{n}" for n in range(len(pbuf.shape))]
     pos = Binary("+", Binary("*", Index(pvars[0]), Const(p.factor)), Index(pvars[-1]))
-    src_idx: list[Expr] = [Index(v) for v in pvars[1:-1]]
-    src_idx.insert(p.dim, pos if shape[p.dim] % p.factor == 0
-                   else Clamp(pos, shape[p.dim] - 1))
+    kept = iter(pvars[1:-1])
+    src_idx: list[Expr] = [
+        (pos if shape[d] % p.factor == 0 else Clamp(pos, shape[d] - 1)) if d == p.dim
+        else Index(drop[d]) if d in drop else Index(next(kept)) for d in range(len(shape))]
     st: Stmt = Store(pbuf, tuple(Index(v) for v in pvars), BufLoad(src, tuple(src_idx)))
     for n in reversed(range(len(pvars))):
         kind = LoopKind.SERIAL
@@ -125,7 +213,7 @@ def _pack(p: Pack, src: Buffer, parallel: bool, used_names: set[str]) -> Packed:
         elif n == 0 and parallel and nblk > 1:
             kind = LoopKind.PARALLEL
         st = For(pvars[n], Const(pbuf.shape[n]), kind, st)
-    return Packed(pbuf, p.dim, p.factor, st)
+    return Packed(pbuf, p.dim, p.factor, st, outer=tuple(outer), drop=tuple(outer.values()))
 
 
 def _reach(op: ComputeOp, p: Pack, src_val: Value, tails: Tails) -> int | None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from nfc.codegen.loops import Buffer, BufLoad, Stmt, Store
-from nfc.codegen.lowering.axes import fuse_parallel, stage_loops
+from nfc.codegen.lowering.axes import stage_loops
 from nfc.codegen.lowering.packing import Packed, plan_packs, with_packs
 from nfc.codegen.lowering.reductions import reduction_nest, split_factors
 from nfc.codegen.lowering.tails import Tails, conjunction, guarded, plan_tails
@@ -55,7 +55,7 @@ def lower_stage(op: ComputeOp, sched: Schedule, out: Buffer, bufs: dict[int, Buf
     else:
         main = reduction_nest(op, sched, tails, out, out_idx, body, guards, used_names,
                               tuple((f, lowered(x)) for f, x in factors))
-    return with_packs(fuse_parallel(main, loops, used_names), packs)
+    return with_packs(main, packs, loops, used_names)
 
 
 def flat_index(indices: Sequence[Expr], shape: Sequence[int]) -> Expr | None:
