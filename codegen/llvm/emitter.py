@@ -8,7 +8,8 @@ parallel loop as an outlined function run by nfc's thread pool (`nfc_parallel`,
 nfc.codegen.llvm.threadpool; libgomp with NFC_THREADS_BACKEND=gomp), the threads claiming
 contiguous chunks of iterations as they come, or as a serial loop when its work is small
 (nfc.codegen.llvm.parallel). Register buffers are entry-block allocas with constant
-indices, which SROA turns into SSA registers; reductions use FMA and reassociation only there.
+indices, which SROA turns into SSA registers; reductions use FMA (float sums add in the
+schedule's order: no reassociation, `combine`).
 """
 
 from __future__ import annotations
@@ -259,7 +260,11 @@ class FuncEmitter(ExprEmitter):
     # --- stores --------------------------------------------------------------------------
 
     def combine(self, op: str, old: ir.Value, s: Store, dt: DType) -> ir.Value:
-        """`old op value` for a reducing store: FMA for sums of products, reassociable."""
+        """`old op value` for a reducing store: FMA for sums of products. A float sum adds
+        in the schedule's order, not reassociable: with `reassoc`, LLVM reordered a scalar
+        accumulation (vectorizing or unrolling its loop) or not depending on the code around
+        it, so one reduction rounded differently in differently fused kernels (a build with
+        `remat` or compressed masks, docs/memory.md "Batch doubling under a budget")."""
         b = self.b
         e = s.value
         fm = ("reassoc", "contract")
@@ -272,7 +277,7 @@ class FuncEmitter(ExprEmitter):
         v = self.value(e, dt)
         v, old = self.match(v, old)
         if op == "sum":
-            return b.fadd(v, old, flags=fm) if dt.is_float else b.add(v, old)
+            return b.fadd(v, old) if dt.is_float else b.add(v, old)
         if op == "prod":
             return b.fmul(v, old, flags=fm) if dt.is_float else b.mul(v, old)
         cmp = ">" if op == "max" else "<"
