@@ -2,10 +2,11 @@
 use and come back before their first backward use without the step waiting (docs/memory.md).
 
 An analysis: the IR is unchanged; the plan is recorded as `nf.offload` on each function with a
-backward pass and summarised in a remark. nfc does not move activations itself yet (see
-docs/memory.md, "Offload": on the CPU target the arena already is host memory, so offload
-means spilling to a file, worthwhile only for a step larger than RAM; the CUDA target has no
-runtime that could copy buffers yet). The plan says what such a runtime would gain.
+backward pass and summarised in a remark. On the CPU target nfc does not move activations (see
+docs/memory.md, "Offload": the arena already is host memory, so offload means spilling to a
+file, worthwhile only for a step larger than RAM). The CUDA step builder
+(`nfc.codegen.cuda.offload`, `build_cuda_step(..., offload=True)`) runs `plan_offload` on the
+very function it builds and moves the chosen values to pinned host memory and back.
 
 The cost model:
 - each op takes `max(flops / peak, bytes / bandwidth)` seconds on the device (roofline, from
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nfc.ir import ComputeOp, Func, Module, Op, ReturnOp, Value
+from nfc.ir import ComputeOp, Func, KernelOp, Module, Op, ReturnOp, Value
 from nfc.passes.memplan import LATE_PHASES, LiveBuffer, function_buffers, lower_bound
 from nfc.passmanager import Context, ModulePass
 
@@ -43,18 +44,35 @@ LINKS: dict[str, tuple[float, float]] = {"pcie4": (25.0, 10.0), "pcie5": (50.0, 
 
 
 def _late(op: Op) -> bool:
+    """Whether `op` runs in the backward pass or the update (a fused kernel: when any of its
+    computes does)."""
+    if isinstance(op, KernelOp):
+        return any(_late(o) for o in op.body.ops[:-1])
     return op.attrs.get("nf.phase") in LATE_PHASES
 
 
 def op_seconds(op: Op, device: tuple[float, float]) -> float:
-    """The roofline time of one op on `device` (0 for non-computes)."""
+    """The roofline time of one op on `device` (a fused kernel: the sum over its computes;
+    0 for other ops)."""
     from nfc.cost import compute_cost
 
+    if isinstance(op, KernelOp):
+        return sum(op_seconds(o, device) for o in op.body.ops[:-1])
     if not isinstance(op, ComputeOp):
         return 0.0
     c = compute_cost(op)
     gflops, gbs = device
     return max(c.flops / (gflops * 1e9), c.bytes / (gbs * 1e9))
+
+
+def readers(func: Func) -> dict[int, list[int]]:
+    """id(value) -> positions of the top-level ops reading it, in order (a fused kernel reads
+    what its computes read from outside)."""
+    out: dict[int, list[int]] = {}
+    for n, op in enumerate(func.body.ops):
+        for v in op.operands:
+            out.setdefault(id(v), []).append(n)
+    return out
 
 
 @dataclass
@@ -68,6 +86,8 @@ class Candidate:
     first_backward: int
     window: float
     transfer: float
+    producer: int = -1
+    """Position of the op computing the value."""
 
     @property
     def hidden(self) -> bool:
@@ -84,6 +104,8 @@ class OffloadPlan:
     candidates: list[Candidate] = field(default_factory=list)
     bound_before: int = 0
     bound_after: int = 0
+    prefix: list[float] = field(default_factory=list)
+    """Seconds before each op position (prefix sums of the op times; one more entry)."""
 
     @property
     def offloaded_bytes(self) -> int:
@@ -105,18 +127,19 @@ def plan_offload(func: Func, device: str = "cpu", link: str = "nvme",
     prefix = [0.0]
     for t in times:
         prefix.append(prefix[-1] + t)
-    pos = {id(op): n for n, op in enumerate(ops)}
     returned = {id(v) for v in func.ret.values}
     plan = OffloadPlan(prefix[-1])
+    plan.prefix = prefix
     bufs = function_buffers(func)
     plan.bound_before = plan.bound_after = lower_bound(bufs)
+    read = readers(func)
     for n, op in enumerate(ops):
         if _late(op) or isinstance(op, ReturnOp):
             continue
         for v in op.results:
             if id(v) in returned or v.type.nbytes < min_bytes:
                 continue
-            users = [pos[id(u)] for u in v.uses if id(u) in pos]
+            users = read.get(id(v), [])
             fwd = [p for p in users if not _late(ops[p])]
             late = [p for p in users if _late(ops[p])]
             if not late:
@@ -126,7 +149,7 @@ def plan_offload(func: Func, device: str = "cpu", link: str = "nvme",
                 continue
             window = prefix[fb] - prefix[lf + 1]
             transfer = 2 * (v.type.nbytes / (gbs * 1e9) + lat_us * 1e-6)
-            plan.candidates.append(Candidate(v, v.type.nbytes, lf, fb, window, transfer))
+            plan.candidates.append(Candidate(v, v.type.nbytes, lf, fb, window, transfer, n))
     busy = 0.0
     for c in sorted(plan.candidates, key=lambda c: (-c.nbytes, c.last_forward)):
         if c.hidden and busy + c.transfer <= plan.step_seconds:

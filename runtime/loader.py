@@ -499,11 +499,17 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], *, check_cpu_features: bool = True) -> Model:
-    """Open the artifact at `path` (see the module doc)."""
+    """Open the artifact at `path` (see the module doc); a CUDA artifact (`nfc compile
+    --target cuda`) opens as a `nfc.runtime.cuda_model.CudaModel` with the same API, on the
+    GPU (or the simulator with NFC_CUDA_SIMULATE=1; nfc.runtime.cuda_load)."""
     p = os.fspath(path)
     sealed = _sealed(p)
     meta = sealed.metadata
     check_metadata(meta, p)
+    if sealed.kind == "cuda":  # a CUDA artifact: a CudaModel (nfc.runtime.cuda_load)
+        from nfc.runtime.cuda_load import load_cuda
+
+        return load_cuda(p, sealed)  # type: ignore[no-any-return]
     if check_cpu_features:
         check_cpu(meta, p)
     # libgomp (which the library links) first, so that its idle threads back off to sleeping

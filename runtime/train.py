@@ -95,6 +95,11 @@ class TrainConfig:
     distributed: Any = None
     """nfc.runtime.distributed.DistOptions of a data-parallel run under mpiexec (None: the
     defaults); `batch` is then per rank."""
+    target: str = "cpu"
+    """`cuda`: compile the model file for the GPU and train a CudaModel
+    (nfc.runtime.cuda_load); a CUDA artifact (.so) is a CudaModel whatever the target."""
+    simulate: bool = False
+    """With a CUDA model: run its kernels on the simulator (also NFC_CUDA_SIMULATE=1)."""
 
 
 @dataclass
@@ -259,11 +264,68 @@ class _Opened:
     cached: bool
 
 
-def _open_model(cfg: TrainConfig) -> _Opened:
+def _open_cuda(cfg: TrainConfig) -> _Opened:
+    """`--target cuda` (or a CUDA artifact): a CudaModel on the GPU or the simulator."""
     from nfc.codegen.artifact.container import is_library_path
+    from nfc.runtime.cuda_load import build_cuda_module, cuda_artifact, load_cuda, open_step
+    from nfc.runtime.loader import _sealed
+
+    if cfg.profile or cfg.mode != "static":
+        raise TrainError("--profile and --mode dynamic are not supported with CUDA models yet")
+    t0 = time.perf_counter()
+    forward = None
+    cached = is_library_path(cfg.source)
+    if cached:
+        if cfg.settings or cfg.lr is not None:
+            raise TrainError("--set and --lr apply when compiling a model file, not to a .so")
+        sealed = _sealed(cfg.source)
+        if sealed.kind != "cuda":
+            raise TrainError(f"'{cfg.source}' is a CPU library; --target cuda needs a model "
+                             "file or a CUDA artifact (nfc compile --target cuda)")
+        model = load_cuda(cfg.source, sealed, simulate=cfg.simulate or None)
+    else:
+        from nfc.runtime.build import pipeline_for
+
+        settings = list(cfg.settings)
+        if cfg.batch is not None and not any(x.startswith("batch=") for x in settings):
+            settings.append(f"batch={cfg.batch}")
+        if cfg.lr is not None:
+            settings.append(f"opt.lr={cfg.lr}")
+        pipeline = pipeline_for(cfg.source, cfg.pipeline, im2col=cfg.im2col, tuning=cfg.tuning,
+                                fuse=cfg.fuse)
+        module = build_cuda_module(cfg.source, settings, pipeline=pipeline, model=cfg.model,
+                                   verify=cfg.verify, print_ir_after=cfg.print_ir_after)
+        from nfc.runtime.cuda_load import simulate_requested, tuned_gpu_schedules
+
+        simulate = simulate_requested(cfg.simulate or None)
+        choices: dict[str, Any] = {}
+        if cfg.tuning and not simulate:
+            choices, note = tuned_gpu_schedules(module)
+            if cfg.progress:
+                cfg.log(f"nfc: {note}")
+        art = cuda_artifact(module, schedules=choices, compile=False)
+        model = open_step(art.step, simulate=simulate, what=f"'{cfg.source}' for --target cuda")
+        if module.has_func("forward"):
+            forward = module.func("forward")
+    if "train_step" not in model.functions:
+        raise TrainError(f"'{cfg.source}' has no train_step: the model needs "
+                         "`minimize <loss> with <optimizer>(...)`")
+    return _Opened(model, forward, time.perf_counter() - t0, cached)
+
+
+def _open_model(cfg: TrainConfig) -> _Opened:
+    from nfc.codegen.artifact.container import file_kind, is_library_path
     from nfc.runtime.build import compile_model, load_model
     from nfc.runtime.loader import load
 
+    if cfg.target == "cuda" or cfg.simulate:
+        return _open_cuda(cfg)
+    if is_library_path(cfg.source) and os.path.isfile(cfg.source) and \
+            file_kind(cfg.source) == "artifact":
+        from nfc.runtime.loader import _sealed
+
+        if _sealed(cfg.source).kind == "cuda":  # a CUDA artifact trains as a CudaModel
+            return _open_cuda(cfg)
     settings = list(cfg.settings)
     t0 = time.perf_counter()
     forward = None

@@ -8,7 +8,10 @@
 #    kernel of the test corpus on the GPU and compares it with the interpreter; the rest
 #    (lowering, simulator, NVRTC) runs as everywhere;
 # 2. a tiny on-device check: a matmul (FMA and WMMA f16), a softmax group and an elementwise
-#    kernel, run on the device and compared with numpy, plus each kernel's time.
+#    kernel, run on the device and compared with numpy, plus each kernel's time;
+# 3. benchmarks/cuda_step.py: the training step of mlp3, lenet5, lltm and resnet18 on the GPU
+#    (one arena, CUDA Graph replay) against PyTorch CUDA eager, same initial state, first losses
+#    compared (needs torch with CUDA; skipped without it).
 #
 # Needs numpy, pytest, cuda-python and nvidia-cuda-nvrtc (and lark for the model and CLI
 # tests, which are skipped without it). On a lent device machine without lark, carry it as a
@@ -23,9 +26,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv || true
 
 TESTS=(tests/cuda/test_cuda_driver.py tests/cuda/test_cuda_sim.py tests/cuda/test_cuda_nvrtc.py
-       tests/cuda/test_cuda_schedules.py)
+       tests/cuda/test_cuda_schedules.py tests/cuda/test_cuda_gemm_knobs.py
+       tests/cuda/test_cuda_gemm_pack.py)
 if "$PY" -c "import lark" 2>/dev/null; then
-  TESTS+=(tests/cuda/test_cuda_models.py tests/cuda/test_cuda_cli.py)
+  TESTS+=(tests/cuda/test_cuda_models.py tests/cuda/test_cuda_cli.py
+          tests/cuda/test_cuda_artifact.py tests/cuda/test_cuda_target_cli.py
+          tests/cuda/test_cuda_tuning.py tests/cuda/test_cuda_step.py
+          tests/cuda/test_cuda_offload.py)
 else
   echo "gpu_check: lark is missing: skipping the model and CLI tests"
 fi
@@ -86,5 +93,12 @@ for name, op, ref in [
     print(f"gpu_check: {name}: max error {err:.2e} ({'ok' if ok else 'WRONG'}), "
           f"{dt * 1e3:.2f} ms per call with copies")
 dev.close()
-raise SystemExit(1 if failed else 0)
+if failed:
+    raise SystemExit(1)
 EOF
+
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  "$PY" benchmarks/cuda_step.py --json gpu_step.json
+else
+  echo "gpu_check: PyTorch with CUDA is missing: skipping benchmarks/cuda_step.py"
+fi

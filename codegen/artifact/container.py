@@ -16,6 +16,11 @@ library runs) and check the hash before anyone maps the library; the runtime the
 bytes it checked (nfc.runtime.loader). The hash detects damage (a truncated copy, a flipped bit,
 a half-written file), not forgery: anyone who can write the file can also recompute it.
 
+A CUDA artifact (`nfc compile --target cuda -o model.so`, nfc.codegen.cuda.artifact) has the
+same footer and hash over a data payload instead of the ELF image: the payload starts with
+`CUDA_MAGIC` (never `\x7fELF`), `Sealed.kind` tells the two apart, and readers check it the
+same way before using any of it.
+
 `file_kind(path)` tells an artifact, another ELF file, other binary data and text apart by their
 first and last bytes, so that the CLI never parses a library as `.nf` source.
 """
@@ -38,6 +43,8 @@ TAIL_MAGIC = b"NFCART01"
 #: head magic, ELF length, metadata length, sha256, tail magic.
 FOOTER = struct.Struct("<8sQQ32s8s")
 ELF_MAGIC = b"\x7fELF"
+#: First bytes of the payload of a CUDA artifact (nfc.codegen.cuda.artifact).
+CUDA_MAGIC = b"NFCGPU01"
 #: A symbol every nfc library exports: an ELF file holding it but no footer is a damaged
 #: artifact (most likely cut short), not a foreign library.
 _MARKER = b"nfc_abi_version"
@@ -71,9 +78,10 @@ def _digest(elf: bytes, meta: bytes) -> bytes:
 
 
 def seal(elf: bytes, metadata: Mapping[str, Any]) -> bytes:
-    """The artifact file of a linked library `elf` with `metadata`."""
-    if not elf.startswith(ELF_MAGIC):
-        raise ValueError("not an ELF image")
+    """The artifact file of a linked library `elf` (or a CUDA payload starting with
+    CUDA_MAGIC) with `metadata`."""
+    if not elf.startswith((ELF_MAGIC, CUDA_MAGIC)):
+        raise ValueError("not an ELF image or a CUDA payload")
     meta = metadata_bytes(metadata)
     return b"".join((elf, meta, FOOTER.pack(HEAD_MAGIC, len(elf), len(meta),
                                             _digest(elf, meta), TAIL_MAGIC)))
@@ -106,6 +114,11 @@ class Sealed:
     data: bytes
     """The whole file as read."""
 
+    @property
+    def kind(self) -> str:
+        """`elf` (a shared library for the CPU) or `cuda` (a CUDA payload)."""
+        return "cuda" if self.elf.startswith(CUDA_MAGIC) else "elf"
+
 
 def unseal(data: bytes, name: str) -> Sealed:
     """Check the bytes of an artifact file (`name` for messages); raises NotAnArtifact or
@@ -124,6 +137,10 @@ def unseal(data: bytes, name: str) -> Sealed:
                                       "its end is missing); recompile it with `nfc compile`")
             raise NotAnArtifact(f"{what} is not an nfc artifact (an ELF file without nfc "
                                 "metadata)")
+        if data.startswith(CUDA_MAGIC):
+            raise DamagedArtifact(f"{what} is truncated or damaged (a CUDA artifact without "
+                                  "the nfc trailer at its end); recompile it with `nfc "
+                                  "compile --target cuda`")
         kind = "a text file" if _is_text(data[:_SNIFF_BYTES]) else "not an ELF library"
         raise NotAnArtifact(f"{what} is not an nfc artifact ({kind})")
     head, elf_len, meta_len, digest, _ = FOOTER.unpack_from(data, len(data) - FOOTER.size)
@@ -134,7 +151,7 @@ def unseal(data: bytes, name: str) -> Sealed:
     meta = data[elf_len:elf_len + meta_len]
     if _digest(elf, meta) != digest:
         raise DamagedArtifact(f"{what} is truncated or damaged (hash mismatch)")
-    if not elf.startswith(ELF_MAGIC):
+    if not elf.startswith((ELF_MAGIC, CUDA_MAGIC)):
         raise NotAnArtifact(f"{what} is not an nfc artifact (no ELF image)")
     try:
         parsed = json.loads(meta.decode())

@@ -10,14 +10,20 @@ rendering, compiling with NVRTC and simulating all work without one. `run_progra
 one device buffer per parameter and temporary, copies the inputs (bf16 as its 16-bit pattern),
 launches the kernels in order on the default stream, synchronises and copies the outputs back.
 
-Not here yet: one allocation for a whole static memory plan, streams, CUDA Graph capture of a
-training step, timing. docs/cuda.md says what is checked on a device and how (scripts/
-gpu_check.sh).
+The whole-step runtime (nfc.runtime.cuda_model.CudaModel) uses the rest of `Device`: a
+non-default stream (`stream`), asynchronous copies and launches on it, the capture of a
+function call into a CUDA Graph (`capture`, then `graph_launch`), and event timing; activation
+offload (nfc.codegen.cuda.offload) adds pinned host memory (`host_alloc`), copies between it and
+the device on a second stream (`to_host_async`, `to_device_async`) and the events ordering the
+two streams (`record`, `wait`), which also fork and join a capture across them. `Device`
+takes any object with the `cuda.bindings.driver` functions it calls (`driver=`), so that
+`nfc.codegen.cuda.fakedriver.FakeDriver` runs the same code on the simulator. docs/cuda.md
+says what is checked on a device and how (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,8 +79,8 @@ def _str(x: Any) -> str:
 class Device:
     """One GPU with its primary context made current."""
 
-    def __init__(self, ordinal: int = 0) -> None:
-        d = self.d = _driver()
+    def __init__(self, ordinal: int = 0, driver: Any = None) -> None:
+        d = self.d = driver if driver is not None else _driver()
         try:
             result = d.cuInit(0)
         except Exception as exc:
@@ -147,14 +153,121 @@ class Device:
         _check(self.d, self.d.cuMemcpyDtoH(host, ptr, host.nbytes), "cuMemcpyDtoH")
 
     def launch(self, function: Any, grid: int, block: int, pointers: Sequence[int],
-               shared_bytes: int = 0) -> None:
-        """`cuLaunchKernel` with device pointers as the arguments, on the default stream."""
+               shared_bytes: int = 0, stream: Any = 0) -> None:
+        """`cuLaunchKernel` with device pointers as the arguments, on `stream` (0: the
+        default stream)."""
         values = np.array(pointers, dtype=np.uint64)
-        # kernelParams: an array of pointers, each to one argument's value
+        # kernelParams: an array of pointers, each to one argument's value (the driver copies
+        # the values at the call, so the arrays may go right after)
         params = np.array([values.ctypes.data + 8 * n for n in range(len(values))],
                           dtype=np.uint64)
         _check(self.d, self.d.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared_bytes,
-                                             0, params.ctypes.data, 0), "cuLaunchKernel")
+                                             stream, params.ctypes.data, 0), "cuLaunchKernel")
+
+    # -- streams, asynchronous copies, graphs, events (the whole-step runtime) ---------------
+
+    def stream(self) -> Any:
+        """A new non-blocking stream (`cuStreamCreate`)."""
+        flags = self.d.CUstream_flags.CU_STREAM_NON_BLOCKING
+        return _check(self.d, self.d.cuStreamCreate(int(flags)), "cuStreamCreate")
+
+    def destroy_stream(self, stream: Any) -> None:
+        """`cuStreamDestroy`."""
+        _check(self.d, self.d.cuStreamDestroy(stream), "cuStreamDestroy")
+
+    def upload_async(self, ptr: int, host: np.ndarray, stream: Any) -> None:
+        """Copy a contiguous host array to the device on `stream` (keep `host` alive until
+        the stream is synchronised)."""
+        assert host.flags.c_contiguous
+        _check(self.d, self.d.cuMemcpyHtoDAsync(ptr, host, host.nbytes, stream),
+               "cuMemcpyHtoDAsync")
+
+    def download_async(self, host: np.ndarray, ptr: int, stream: Any) -> None:
+        """Copy device memory into a contiguous host array on `stream`."""
+        assert host.flags.c_contiguous
+        _check(self.d, self.d.cuMemcpyDtoHAsync(host, ptr, host.nbytes, stream),
+               "cuMemcpyDtoHAsync")
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        """A device-to-device copy on `stream`."""
+        _check(self.d, self.d.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    def sync(self, stream: Any) -> None:
+        """Wait for `stream`; a kernel fault surfaces here."""
+        _check(self.d, self.d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def capture(self, stream: Any, enqueue: Callable[[], None]) -> Any:
+        """The executable CUDA Graph of what `enqueue()` puts on `stream` (captured, not run:
+        `cuStreamBeginCapture`, `cuStreamEndCapture`, `cuGraphInstantiate`)."""
+        d = self.d
+        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check(d, d.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+        try:
+            enqueue()
+        except BaseException:
+            # end the capture so the stream is usable again, and drop what it captured
+            result = d.cuStreamEndCapture(stream)
+            if result[0] == d.CUresult.CUDA_SUCCESS and result[1] is not None:
+                d.cuGraphDestroy(result[1])
+            raise
+        graph = _check(d, d.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        try:
+            return _check(d, d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        finally:
+            d.cuGraphDestroy(graph)
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        """Replay an instantiated graph on `stream`."""
+        _check(self.d, self.d.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph_exec: Any) -> None:
+        """`cuGraphExecDestroy`."""
+        _check(self.d, self.d.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+
+    def event(self, timing: bool = True) -> Any:
+        """An event (`cuEventCreate`): a timing one, or (`timing=False`) one only ordering
+        streams (`CU_EVENT_DISABLE_TIMING`, cheaper)."""
+        flags = self.d.CUevent_flags
+        flag = flags.CU_EVENT_DEFAULT if timing else flags.CU_EVENT_DISABLE_TIMING
+        return _check(self.d, self.d.cuEventCreate(int(flag)), "cuEventCreate")
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """Work enqueued on `stream` from now on waits for `event`'s last record
+        (`cuStreamWaitEvent`); inside a capture this forks or joins the captured streams."""
+        _check(self.d, self.d.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked (pinned) host memory (`cuMemHostAlloc`); its address. Copies to and
+        from it are truly asynchronous and may be captured into a graph."""
+        return int(_check(self.d, self.d.cuMemHostAlloc(max(1, nbytes), 0), "cuMemHostAlloc"))
+
+    def host_free(self, ptr: int) -> None:
+        """`cuMemFreeHost`."""
+        _check(self.d, self.d.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+    def to_host_async(self, host_ptr: int, ptr: int, nbytes: int, stream: Any) -> None:
+        """Copy device memory to pinned host memory (an address) on `stream`."""
+        _check(self.d, self.d.cuMemcpyDtoHAsync(host_ptr, ptr, nbytes, stream),
+               "cuMemcpyDtoHAsync")
+
+    def to_device_async(self, ptr: int, host_ptr: int, nbytes: int, stream: Any) -> None:
+        """Copy pinned host memory (an address) to the device on `stream`."""
+        _check(self.d, self.d.cuMemcpyHtoDAsync(ptr, host_ptr, nbytes, stream),
+               "cuMemcpyHtoDAsync")
+
+    def record(self, event: Any, stream: Any) -> None:
+        """`cuEventRecord`."""
+        _check(self.d, self.d.cuEventRecord(event, stream), "cuEventRecord")
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two recorded events (waits for `end`)."""
+        _check(self.d, self.d.cuEventSynchronize(end), "cuEventSynchronize")
+        return float(_check(self.d, self.d.cuEventElapsedTime(start, end),
+                            "cuEventElapsedTime"))
+
+    def destroy_event(self, event: Any) -> None:
+        """`cuEventDestroy`."""
+        _check(self.d, self.d.cuEventDestroy(event), "cuEventDestroy")
 
     def synchronize(self) -> None:
         """Wait for the device; a kernel fault surfaces here."""

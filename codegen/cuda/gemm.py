@@ -21,23 +21,30 @@ For every outer reduction index and every K step the block
 The result is written with guards at the M/N edges: FMA threads store their registers; WMMA
 warps store each fragment to a per-warp f32 scratch tile in shared memory, `__syncwarp()`, and
 the 32 lanes copy its 256 elements out (8 each), converting to the output's type.
+
+The copies and the K loop come from nfc.codegen.cuda.gemm_tiles, which implements the knobs
+`vector_width` (vector global loads) and `double_buffer` (two shared stages, one barrier per K
+step). With `swap` the operands exchange roles here (B's tile on the block's M side, i and j
+exchanged), and the result is stored transposed through the same output index map. With
+`pack` the tiles of a packed operand are read from its tile-contiguous temporary, which a
+kernel of nfc.codegen.cuda.gemm_pack wrote before this one (`packed`: role -> temporary).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from nfc.codegen.cuda.gemm_pack import PackedSrc, packed_operands, packed_src
+from nfc.codegen.cuda.gemm_tiles import TileSrc, copy_tile, k_loop, tile_stages, vector_problem
 from nfc.codegen.cuda.gpuir import FragFill, FragLoad, Fragment, FragMma, FragStore
 from nfc.codegen.cuda.lower import (
     Names,
     acc_type,
     add,
     bind_coords,
-    body_expr,
     c,
     kernel_shell,
-    let,
     lets,
     lt,
     mul,
@@ -59,38 +66,18 @@ from nfc.codegen.loops import (
 from nfc.codegen.lowering.tails import conjunction as conj
 from nfc.codegen.lowering.tails import guarded as guard
 from nfc.contraction import match_contraction, plain_names
-from nfc.ir import Axis, Binary, ComputeOp, Const, DType, Expr, Index, Select
+from nfc.ir import Axis, Binary, ComputeOp, Const, DType, Expr, Index
 
 #: Static shared memory one block may declare (`__shared__` arrays; more needs dynamic shared
 #: memory and an opt-in attribute, which this backend does not use yet).
 STATIC_SHARED_LIMIT = 48 * 1024
-#: Tile-copy loops with at most this many steps per thread are unrolled.
-UNROLL_COPY = 8
 #: Shared-memory row padding (elements): fragment corners stay 32-byte aligned and `ldm` a
 #: multiple of 16 bytes (WMMA's rules); one f32/f64 element on the FMA path breaks the bank
 #: pattern of column-wise stores.
 PAD = {"f16": 8, "bf16": 8, "tf32": 4, "fma": 1}
 _IN_TYPE = {"f16": DType.F16, "bf16": DType.BF16, "tf32": DType.F32}
-
-
-def _unroll(n: int, limit: int = UNROLL_COPY) -> LoopKind:
-    return LoopKind.UNROLLED if n <= limit else LoopKind.SERIAL
-
-
-def _copy_tile(dst: Buffer, rows: int, cols: int, value: Callable[[Expr, Expr], Expr],
-               row_fastest: bool, threads: int, tx: str, names: Names) -> Stmt:
-    """Threads copy a `rows x cols` tile into `dst[r][c]`, consecutive threads taking
-    consecutive rows (`row_fastest`) or columns."""
-    total = rows * cols
-    steps = -(-total // threads)
-    s, e = names.fresh("s"), names.scalar("e")
-    r = Binary("%", v(e), c(rows)) if row_fastest else Binary("//", v(e), c(cols))
-    col = Binary("//", v(e), c(rows)) if row_fastest else Binary("%", v(e), c(cols))
-    ri, ci = names.scalar("row"), names.scalar("col")
-    body = lets([(ri, r), (ci, col)], Store(dst, (v(ri), v(ci)), value(v(ri), v(ci))))
-    inner = let(e, add(mul(Index(s), threads), Index(tx)),
-                guard(lt(v(e), total) if steps * threads != total else None, body))
-    return For(s, c(steps), _unroll(steps), inner)
+#: The multiply of one K step, given the shared stage index (() with one stage).
+Inner = Callable[[tuple[Expr, ...]], Stmt]
 
 
 def _faster(load_names: list[str], a: str, b: str) -> bool:
@@ -99,25 +86,33 @@ def _faster(load_names: list[str], a: str, b: str) -> bool:
 
 
 def shared_bytes(s: GemmSchedule, dtype: DType) -> int:
-    """Shared memory of a GEMM block: the A and B tiles (padded rows) and, on the WMMA path,
-    a 16 x 20 f32 scratch tile per warp."""
+    """Shared memory of a GEMM block: the A and B tiles (padded rows; two stages of each when
+    double buffered) and, on the WMMA path, a 16 x 20 f32 scratch tile per warp."""
     item = (_IN_TYPE.get(s.precision) or acc_type(dtype)).itemsize
     pad = PAD[s.precision]
     tiles = (s.block_m * (s.block_k + pad) + s.block_k * (s.block_n + pad)) * item
-    return tiles + (s.warps_m * s.warps_n * 16 * 20 * 4 if s.wmma else 0)
+    return tiles * tile_stages(s) + (s.warps_m * s.warps_n * 16 * 20 * 4 if s.wmma else 0)
 
 
 def lower_gemm(op: ComputeOp, s: GemmSchedule, out: Buffer, bufs: dict[int, Buffer],
-               names: Names) -> tuple[Stmt, int, int]:
-    """(body, grid, block) of a contraction over single axes (see the module docstring)."""
+               names: Names, packed: Mapping[str, Buffer] | None = None
+               ) -> tuple[Stmt, int, int]:
+    """(body, grid, block) of a contraction over single axes (see the module docstring);
+    `packed`: the temporaries of the operands `s.pack` names (`lower_packs`)."""
     cont = match_contraction(op)
     assert cont is not None and cont.is_gemm, "lower_gemm needs a flattened contraction"
     ext = {a.name: a.extent for a in op.all_axes}
     i, j, k = cont.i[0], cont.j[0], cont.k[0]
+    a_load, b_load = cont.a, cont.b
+    if s.swap:  # C^T = B^T A^T: B's tile on the M side, the result stored transposed
+        i, j, a_load, b_load = j, i, cont.b, cont.a
     m_, n_, k_ = ext[i], ext[j], ext[k]
     dt = out.dtype
     if s.wmma and not dt.is_float:
         raise GpuScheduleError(f"tensor cores multiply floats, not {dt}")
+    why = vector_problem(op, s)
+    if why is not None:
+        raise GpuScheduleError(f"vector width {s.vector_width}: {why}")
     bm, bn, bk, t = s.block_m, s.block_n, s.block_k, s.threads
     mt, nt, kt = -(-m_ // bm), -(-n_ // bn), -(-k_ // bk)
     batch = [Axis(b, ext[b]) for b in cont.batch]
@@ -134,33 +129,39 @@ def lower_gemm(op: ComputeOp, s: GemmSchedule, out: Buffer, bufs: dict[int, Buff
 
     in_dt = _IN_TYPE.get(s.precision, acc_type(dt))
     pad = PAD[s.precision]
-    a_s = Buffer(names.fresh("As"), (bm, bk + pad), in_dt, Scope.SHARED)
-    b_s = Buffer(names.fresh("Bs"), (bk, bn + pad), in_dt, Scope.SHARED)
+    st = (2,) if s.double_buffer else ()
+    a_s = Buffer(names.fresh("As"), (*st, bm, bk + pad), in_dt, Scope.SHARED)
+    b_s = Buffer(names.fresh("Bs"), (*st, bk, bn + pad), in_dt, Scope.SHARED)
     shared = [a_s, b_s]
 
     # the K loop: outer reduction axes, then K steps of block_k
     k0 = names.fresh("k0")
-    kbase = mul(Index(k0), bk)
     kouter = {r: names.fresh(r) for r in cont.kouter}
     kenv = env | {r: Index(x) for r, x in kouter.items()}
     zero = Const(0.0 if dt.is_float else 0)
-
-    def tile_value(load: Expr, row_axis: str, row0: Expr, row_n: int, col_axis: str,
-                   col0: Expr, col_n: int, rows: int, cols: int
-                   ) -> Callable[[Expr, Expr], Expr]:
-        def value(r: Expr, col: Expr) -> Expr:
-            x, y = add(row0, r), add(col0, col)
-            e = body_expr(load, kenv | {row_axis: x, col_axis: y}, bufs)
-            cond = conj([lt(x, row_n)] * bool(row_n % rows) + [lt(y, col_n)] * bool(col_n % cols))
-            return e if cond is None else Select(cond, e, zero)
-        return value
-
-    na, nb = plain_names(cont.a), plain_names(cont.b)
+    na, nb = plain_names(a_load), plain_names(b_load)
     assert na is not None and nb is not None
-    copy_a = _copy_tile(a_s, bm, bk, tile_value(cont.a, i, m0, m_, k, kbase, k_, bm, bk),
-                        _faster(na, i, k), t, tx, names)
-    copy_b = _copy_tile(b_s, bk, bn, tile_value(cont.b, k, kbase, k_, j, n0, n_, bk, bn),
-                        _faster(nb, k, j), t, tx, names)
+    vw = s.vector_width
+    packs = {p.k_rows: p for p in packed_operands(op, s)}  # by side: False M, True N
+    pk = dict(packed or {})
+    if set(s.packed) != set(pk):
+        raise GpuScheduleError(f"pack '{s.pack}' needs the packed temporaries of "
+                               f"{', '.join(s.packed)} (lower_packs)")
+
+    def copies(ktile: Expr, stage: tuple[Expr, ...]) -> Stmt:
+        kbase = mul(ktile, bk)
+        src_a: TileSrc | PackedSrc = TileSrc(a_load, kenv, bufs, i, m0, m_, k, kbase, k_,
+                                             _faster(na, i, k))
+        src_b: TileSrc | PackedSrc = TileSrc(b_load, kenv, bufs, k, kbase, k_, j, n0, n_,
+                                             _faster(nb, k, j))
+        if False in packs:
+            src_a = packed_src(packs[False], pk[packs[False].role], kenv, benv[mname],
+                               ktile)
+        if True in packs:
+            src_b = packed_src(packs[True], pk[packs[True].role], kenv, benv[nname],
+                               ktile)
+        return Seq((copy_tile(a_s, stage, bm, bk, src_a, zero, vw, t, tx, names),
+                    copy_tile(b_s, stage, bk, bn, src_b, zero, vw, t, tx, names)))
 
     def out_store(m: Expr, n: Expr, value: Expr) -> Stmt:
         idx = tuple((env | {i: m, j: n})[a.name] for a in op.dims)
@@ -174,8 +175,7 @@ def lower_gemm(op: ComputeOp, s: GemmSchedule, out: Buffer, bufs: dict[int, Buff
     else:
         inner, init, epilogue, thread_pairs = _fma(s, a_s, b_s, m0, n0, tx, names, out_store,
                                                    acc_type(dt))
-    kloop: Stmt = For(k0, c(kt), LoopKind.SERIAL,
-                      Seq((copy_a, copy_b, Barrier(), inner, Barrier())))
+    kloop = k_loop(k0, kt, copies, inner, s.double_buffer)
     for r in reversed(cont.kouter):
         kloop = For(kouter[r], c(ext[r]), LoopKind.SERIAL, kloop)
     body = lets([*pairs, *thread_pairs], init(Seq((kloop, epilogue))))
@@ -186,9 +186,13 @@ def lower_gemm(op: ComputeOp, s: GemmSchedule, out: Buffer, bufs: dict[int, Buff
     return kernel_shell(grid, t, shared, body, bx, tx), grid, t
 
 
+def _unroll(n: int, limit: int) -> LoopKind:
+    return LoopKind.UNROLLED if n <= limit else LoopKind.SERIAL
+
+
 def _fma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str,
          names: Names, out_store: Callable[[Expr, Expr, Expr], Stmt], adt: DType
-         ) -> tuple[Stmt, Callable[[Stmt], Stmt], Stmt, list[tuple[Buffer, Expr]]]:
+         ) -> tuple[Inner, Callable[[Stmt], Stmt], Stmt, list[tuple[Buffer, Expr]]]:
     """CUDA-core inner product: a register tile per thread."""
     tm, tn = s.thread_m, s.thread_n
     rows, cols = s.block_m // tm, s.block_n // tn  # threads along M and N
@@ -206,11 +210,14 @@ def _fma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str,
     row = add(v(tr), mul(Index(x), rows))
     col = add(v(tc), mul(Index(y), cols))
     zero = Const(0.0 if adt.is_float else 0)
-    inner = For(kk, c(s.block_k), _unroll(s.block_k, 16), Seq((
-        For(x, c(tm), u, Store(ar, (Index(x),), BufLoad(a_s, (row, Index(kk))))),
-        For(y, c(tn), u, Store(br, (Index(y),), BufLoad(b_s, (Index(kk), col)))),
-        tile(Store(acc, (Index(x), Index(y)),
-                   Binary("*", BufLoad(ar, (Index(x),)), BufLoad(br, (Index(y),))), "sum")))))
+
+    def inner(st: tuple[Expr, ...]) -> Stmt:
+        return For(kk, c(s.block_k), _unroll(s.block_k, 16), Seq((
+            For(x, c(tm), u, Store(ar, (Index(x),), BufLoad(a_s, (*st, row, Index(kk))))),
+            For(y, c(tn), u, Store(br, (Index(y),), BufLoad(b_s, (*st, Index(kk), col)))),
+            tile(Store(acc, (Index(x), Index(y)),
+                       Binary("*", BufLoad(ar, (Index(x),)), BufLoad(br, (Index(y),))),
+                       "sum")))))
     epilogue = tile(out_store(add(m0, row), add(n0, col), BufLoad(acc, (Index(x), Index(y)))))
 
     def init(rest: Stmt) -> Stmt:
@@ -221,7 +228,7 @@ def _fma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str,
 
 def _wmma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str,
           names: Names, out_store: Callable[[Expr, Expr, Expr], Stmt]
-          ) -> tuple[Stmt, Callable[[Stmt], Stmt], Stmt, list[Buffer],
+          ) -> tuple[Inner, Callable[[Stmt], Stmt], Stmt, list[Buffer],
                      list[tuple[Buffer, Expr]]]:
     """Tensor-core inner product: accumulator fragments per warp."""
     fm, fn = s.frag_m, s.frag_n
@@ -242,10 +249,13 @@ def _wmma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str
     wrow = add(mul(v(wm), fm * 16), mul(Index(x), 16))
     wcol = add(mul(v(wn), fn * 16), mul(Index(y), 16))
     xi, yi = (Index(x),), (Index(y),)
-    inner = For(kk, c(s.block_k // kstep), u, Seq((
-        For(x, c(fm), u, FragLoad(fa, xi, a_s, (wrow, mul(Index(kk), kstep)))),
-        For(y, c(fn), u, FragLoad(fb, yi, b_s, (mul(Index(kk), kstep), wcol))),
-        For(x, c(fm), u, For(y, c(fn), u, FragMma(fc, (Index(x), Index(y)), fa, xi, fb, yi))))))
+
+    def inner(st: tuple[Expr, ...]) -> Stmt:
+        return For(kk, c(s.block_k // kstep), u, Seq((
+            For(x, c(fm), u, FragLoad(fa, xi, a_s, (*st, wrow, mul(Index(kk), kstep)))),
+            For(y, c(fn), u, FragLoad(fb, yi, b_s, (*st, mul(Index(kk), kstep), wcol))),
+            For(x, c(fm), u, For(y, c(fn), u,
+                                 FragMma(fc, (Index(x), Index(y)), fa, xi, fb, yi))))))
     q, r, col = names.scalar("q"), names.scalar("r"), names.scalar("c")
     copy_out = For(e, c(8), u, lets(
         [(q, add(mul(Index(e), 32), v(lane))), (r, Binary("//", v(q), c(16))),

@@ -12,6 +12,7 @@ here, as leaf statements the loop printer shows through their `text()`:
   `mma_sync` (acc += a @ b), `store_matrix_sync`. A load or store names the buffer element at
   the tile's corner (`origin`); rows are `buffer.shape[-1]` elements apart (row-major, the
   leading dimension `ldm`). Warp-collective: the origin must be the same in every lane.
+- `VecLoad`: a 2- or 4-element vector load from global memory into registers (GEMM tiles).
 
 Everything here runs per warp; the simulator (nfc.codegen.cuda.sim) checks that it is used that
 way and the CUDA renderer (nfc.codegen.cuda.render) emits the `wmma::` calls.
@@ -140,5 +141,21 @@ class FragStore(Stmt):
                 f"ldm={ldm(self.dst)}")
 
 
+@dataclass(frozen=True)
+class VecLoad(Stmt):
+    """`dst[w] = src[index with its last coordinate + w]` for w < `width`: one vector load of
+    `width` consecutive elements (at most 16 bytes) of a global buffer into a register array.
+    The first element's flat position must be a multiple of `width` (aligned)."""
+
+    dst: Buffer
+    src: Buffer
+    index: tuple[Expr, ...]
+    width: int
+
+    def text(self) -> str:
+        """The statement as loop-IR text."""
+        return f"{self.dst.name}[0:{self.width}] = vload{self.width} &{_ix(self.src, self.index)}"
+
+
 #: The statements of this module (what a walker that knows them may meet).
-GPU_STMTS = (WarpShuffle, FragFill, FragLoad, FragMma, FragStore)
+GPU_STMTS = (WarpShuffle, FragFill, FragLoad, FragMma, FragStore, VecLoad)

@@ -95,6 +95,9 @@ class GpuKernel:
     source: str = ""
     """The compute, one line (`out[i, j] = sum_k ...`), for a comment."""
     loc: Loc | None = None
+    restrict: bool = True
+    """Whether the parameters are declared `__restrict__`: False for a kernel whose launch
+    passes one buffer as an output and an input (an update in place, nfc.codegen.cuda.step)."""
 
     @property
     def shared_bytes(self) -> int:
@@ -386,8 +389,10 @@ def describe(op: ComputeOp) -> str:
 
 
 def lower_stage(op: ComputeOp, schedule: GpuSchedule | None, out: Buffer,
-                bufs: dict[int, Buffer], used: set[str], name: str) -> GpuKernel:
-    """The kernel computing stage `op` into `out` (`bufs`: id(value) -> buffer)."""
+                bufs: dict[int, Buffer], used: set[str], name: str,
+                packed: dict[str, Buffer] | None = None) -> GpuKernel:
+    """The kernel computing stage `op` into `out` (`bufs`: id(value) -> buffer; `packed`:
+    a GEMM's packed operand temporaries, nfc.codegen.cuda.gemm_pack.lower_packs)."""
     from nfc.codegen.cuda.gemm import lower_gemm
     from nfc.codegen.cuda.space import default_gpu_schedule
 
@@ -413,8 +418,8 @@ def lower_stage(op: ComputeOp, schedule: GpuSchedule | None, out: Buffer,
             for vid, fv in view.values.items():
                 vbufs[id(fv)] = replace(bufs[vid], shape=fv.shape)
             vout = vbufs[id(vop.result)]
-        body, grid, block = lower_gemm(vop, s, vout, vbufs, names)
-        params = (vout, *(vbufs[id(x)] for x in vop.operands))
+        body, grid, block = lower_gemm(vop, s, vout, vbufs, names, packed)
+        params = (vout, *(vbufs[id(x)] for x in vop.operands), *(packed or {}).values())
         kind = "gemm"
     else:
         if isinstance(s, ElementwiseSchedule) != (op.reduce is None):
@@ -468,7 +473,15 @@ def lower_program(op: ComputeOp | KernelOp | Sequence[ComputeOp],
             temps.append(tb)
             bufs[id(st.result)] = tb
         kname = name if len(stages) == 1 else f"{name}_{n}"
-        kernels.append(lower_stage(st, scheds[n], bufs[id(st.result)], bufs, used, kname))
+        packed, sn = None, scheds[n]
+        if isinstance(sn, GemmSchedule) and sn.packed:  # packing kernels run first
+            from nfc.codegen.cuda.gemm_pack import lower_packs
+
+            ts, ks, packed = lower_packs(st, sn, bufs, used, kname)
+            temps += ts
+            kernels += ks
+        kernels.append(lower_stage(st, scheds[n], bufs[id(st.result)], bufs, used, kname,
+                                   packed))
     return GpuProgram(name, tuple(params), len(outputs), tuple(temps), tuple(kernels))
 
 

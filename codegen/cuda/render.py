@@ -9,9 +9,10 @@ Types follow `nfc.codegen.cuda.types` (the simulator uses the same rules): f16/b
 into f32 and rounded when stored; weak literals take their context's type.
 
 A kernel is `extern "C" __global__` with `__launch_bounds__(threads)`; outputs are `T*`, inputs
-`const T*`, all `__restrict__` (the buffers of one kernel call never overlap). Global buffers
-are flat (row-major offsets written out), shared, register and fragment arrays keep their
-dimensions. A comment above each kernel gives its kind, schedule, launch shape, shared memory,
+`const T*`, all `__restrict__` (the buffers of one kernel call never overlap; a kernel whose
+launch updates a buffer in place has `GpuKernel.restrict` False and no `__restrict__`). Global
+buffers are flat (row-major offsets written out), shared, register and fragment arrays keep
+their dimensions. A comment above each kernel gives its kind, schedule, launch shape, shared memory,
 the compute it runs and its source location.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from nfc.codegen.cuda.gpuir import (
     FragFill,
@@ -27,6 +28,7 @@ from nfc.codegen.cuda.gpuir import (
     Fragment,
     FragMma,
     FragStore,
+    VecLoad,
     WarpShuffle,
     ldm,
 )
@@ -170,8 +172,11 @@ def _class(dt: DType) -> int:
 class KernelRenderer:
     """Renders one kernel (statements and expressions)."""
 
-    def __init__(self, kernel: GpuKernel) -> None:
+    def __init__(self, kernel: GpuKernel, relax: int = 0) -> None:
         self.kernel = kernel
+        # register-pressure relief (render_kernels): 1 __launch_bounds__(threads, 1),
+        # 2 also `#pragma unroll 1` on serial loops
+        self.relax = relax
         self.types = Types()
         self.lines: list[str] = []
         self.once = _stored_once(kernel.func.body)
@@ -321,6 +326,8 @@ class KernelRenderer:
             raise RenderError(f"loop kind {s.kind.value} is not used by the CUDA lowering")
         if s.kind is LoopKind.UNROLLED:
             self.emit("#pragma unroll", depth)
+        elif self.relax >= 2:
+            self.emit("#pragma unroll 1", depth)
         self.emit(f"for (int {s.var} = 0; {s.var} < {self.expr(s.extent, I32)}; ++{s.var}) {{",
                   depth)
         self.stmt(s.body, depth + 1)
@@ -390,6 +397,16 @@ class KernelRenderer:
         elif isinstance(s, FragStore):
             self.emit(f"wmma::store_matrix_sync(&{self.access(s.dst, s.origin)}, "
                       f"{f(s.frag, s.index)}, {ldm(s.dst)}, wmma::mem_row_major);", depth)
+        elif isinstance(s, VecLoad):  # one 32/64/128-bit load of `width` elements
+            et, n = CTYPE[s.src.dtype], s.width * s.src.dtype.itemsize
+            conv = FROM_STORAGE.get(s.src.dtype, "{0}")
+            self.emit(f"{{  // {8 * n}-bit load", depth)
+            self.emit(f"struct alignas({n}) nfc_vec {{ {et} x[{s.width}]; }};", depth + 1)
+            self.emit(f"const nfc_vec nfc_v = *reinterpret_cast<const nfc_vec*>("
+                      f"&{self.access(s.src, s.index)});", depth + 1)
+            for u in range(s.width):
+                self.emit(f"{s.dst.name}[{u}] = {conv.format(f'nfc_v.x[{u}]')};", depth + 1)
+            self.emit("}", depth)
         else:
             raise RenderError(f"unknown loop-IR statement {type(s).__name__}")
 
@@ -402,7 +419,8 @@ class KernelRenderer:
         params = []
         for n, b in enumerate(f.params):
             const = "" if n < f.n_outputs else "const "
-            params.append(f"{const}{CTYPE[b.dtype]}* __restrict__ {b.name}")
+            params.append(f"{const}{CTYPE[b.dtype]}*{' __restrict__' if k.restrict else ''} "
+                          f"{b.name}")
         from nfc.codegen.cuda.space import to_params
 
         sched = ", ".join(f"{a}={b}" for a, b in to_params(k.schedule).items())
@@ -412,7 +430,8 @@ class KernelRenderer:
             head.append(f"// {k.source}")
         if k.loc is not None:
             head.append(f"// at {k.loc}")
-        head.append(f'extern "C" __global__ void __launch_bounds__({k.block}) '
+        bounds = f"{k.block}, 1" if self.relax else f"{k.block}"
+        head.append(f'extern "C" __global__ void __launch_bounds__({bounds}) '
                     f"{f.name}({', '.join(params)}) {{")
         for s in f.body.walk():
             if isinstance(s, Allocate) and s.buffer.scope is Scope.SHARED:
@@ -472,8 +491,13 @@ def _features(kernels: Sequence[GpuKernel]) -> set[str]:
     return found
 
 
-def render_kernels(kernels: Sequence[GpuKernel], title: str = "") -> str:
-    """One CUDA translation unit with `kernels` (names must differ)."""
+def render_kernels(kernels: Sequence[GpuKernel], title: str = "", *,
+                   relax: Mapping[str, int] | None = None) -> str:
+    """One CUDA translation unit with `kernels` (names must differ). `relax` (kernel name ->
+    level) eases the register pressure of kernels that spilled (see
+    nfc.codegen.cuda.program.compile_program): level 1 declares
+    `__launch_bounds__(threads, 1)` (ptxas may then use up to 65536 / threads registers),
+    level 2 also keeps serial loops rolled (`#pragma unroll 1`)."""
     feats = _features(kernels)
     out = [f"// generated by nfc (nfc.codegen.cuda.render){': ' + title if title else ''}"]
     if "wmma" in feats:
@@ -485,7 +509,7 @@ def render_kernels(kernels: Sequence[GpuKernel], title: str = "") -> str:
     if "wmma" in feats:
         out.append("using namespace nvcuda;")
     out.append(HELPERS)
-    out += [KernelRenderer(k).render() for k in kernels]
+    out += [KernelRenderer(k, (relax or {}).get(k.func.name, 0)).render() for k in kernels]
     return "\n".join(out)
 
 

@@ -18,6 +18,11 @@ the tuning cache can store and replay it, like the CPU's `nfc.codegen.schedule`:
   product: `fma` (CUDA cores in the operands' type; each thread a `thread_m x thread_n`
   register tile) or WMMA on Tensor Cores with `f16`, `bf16` (m16n16k16) or `tf32` (m16n16k8)
   inputs and f32 accumulation (`warps_m x warps_n` warps, each `frag_m x frag_n` fragments).
+  Knobs of both paths: `double_buffer` (two shared stages, the next tile's copy before the
+  current tile's multiply), `vector_width` (2 or 4 elements per global load of the tiles) and
+  `swap` (compute the transposed product) and `pack` (copy operand A, B or both into a
+  tile-contiguous temporary before the GEMM, `nfc.codegen.cuda.gemm_pack`). Their defaults are
+  the plain kernel, so records written before they existed read back as the same schedule.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ GPU_SCHEDULE_VERSION = "nfc-cuda-sched-1"
 PRECISIONS = ("fma", "f16", "bf16", "tf32")
 #: The strategies of `ReduceSchedule`.
 STRATEGIES = ("thread", "warp", "block")
+#: The vector widths of `GemmSchedule`'s global loads.
+VECTOR_WIDTHS = (1, 2, 4)
+#: The values of `GemmSchedule.pack`: which of the contraction's operands (A, B) are packed.
+PACKS = ("none", "a", "b", "ab")
 
 
 class GpuScheduleError(ValueError):
@@ -114,6 +123,24 @@ class GemmSchedule(_Data):
     """WMMA: warps along M."""
     warps_n: int = 2
     """WMMA: warps along N."""
+    double_buffer: bool = False
+    """Two shared-memory stages: the next K tile is copied while the current one is
+    multiplied, one `__syncthreads()` per K step (`nfc.codegen.cuda.gemm_tiles`)."""
+    vector_width: int = 1
+    """Elements per global load of the operand tiles (1, 2 or 4; at most 16 bytes): each needs
+    the operand's contiguous extent and the tile's extent along it to be multiples."""
+    swap: bool = False
+    """Compute the transposed product `C^T[j, i] = sum_k B[j, k] A[k, i]`: the operands swap
+    roles (B's tile on the block's M side), the result is written transposed."""
+    pack: str = "none"
+    """Operands of the contraction (`a`, `b`, `ab`; `none`) a kernel of their own copies into
+    a tile-contiguous global temporary, zero-padded, before the GEMM, which then loads them
+    without guards (`nfc.codegen.cuda.gemm_pack`)."""
+
+    @property
+    def packed(self) -> tuple[str, ...]:
+        """The packed operands, `a` and/or `b` (of the contraction, before any swap)."""
+        return () if self.pack == "none" else tuple(self.pack)
 
     @property
     def wmma(self) -> bool:
@@ -167,6 +194,10 @@ class GemmSchedule(_Data):
                 return f"block_k {self.block_k} is not in 1..64"
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             return f"{self.threads} threads per block (a multiple of 32 in 32..1024 needed)"
+        if self.vector_width not in VECTOR_WIDTHS:
+            return f"vector width {self.vector_width} is not one of {VECTOR_WIDTHS}"
+        if self.pack not in PACKS:
+            return f"pack '{self.pack}' is not one of {', '.join(PACKS)}"
         return None
 
 

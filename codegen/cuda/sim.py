@@ -39,7 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from nfc.codegen.cuda.gpuir import FragFill, FragLoad, Fragment, FragMma, FragStore, WarpShuffle
+from nfc.codegen.cuda.gpuir import (
+    FragFill,
+    FragLoad,
+    Fragment,
+    FragMma,
+    FragStore,
+    VecLoad,
+    WarpShuffle,
+)
 from nfc.codegen.cuda.lower import GpuKernel, GpuProgram
 from nfc.codegen.cuda.simexpr import (
     BoundsError,
@@ -63,6 +71,7 @@ from nfc.codegen.loops import (
     Allocate,
     Barrier,
     Buffer,
+    BufLoad,
     For,
     If,
     LoopKind,
@@ -143,6 +152,8 @@ class KernelSim:
             return self._shuffle(s)
         if isinstance(s, FragFill | FragLoad | FragMma | FragStore):
             return self._fragment(s)
+        if isinstance(s, VecLoad):
+            return self._vecload(s)
         raise SimError(f"the simulator cannot run {type(s).__name__}")
 
     def _for(self, s: For) -> Run:
@@ -334,6 +345,27 @@ class KernelSim:
             w.local[name][lanes, lanes_of(at(w, m), w)[lanes]] = to_storage(v[src[lanes]],
                                                                          s.dst.dtype)
         return shfl
+
+    def _vecload(self, s: VecLoad) -> Run:
+        """`width` element loads, after checking that the first is `width`-aligned."""
+        from nfc.ir import Binary, Const
+
+        *lead, last = s.index
+        parts = [self._store(Store(s.dst, (Const(u),), BufLoad(
+            s.src, (*lead, Binary("+", last, Const(u)))))) for u in range(s.width)]
+        flat = self.ex.offset(s.src, [self.ex.expr(i, I32) for i in s.index], "read")
+
+        def vload(w: Wave, m: Mask) -> None:
+            off = np.asarray(flat(w, m))
+            bad = (off % s.width != 0) & active(w, m)
+            if bad.any():
+                lane = int(np.argmax(bad))
+                raise self.fail(SimError, w, f"a {s.width}-element vector load of '{s.src.name}' "
+                                f"at element {int(lanes_of(off, w)[lane])} by {w.who(lane)} is "
+                                "not aligned")
+            for p in parts:
+                p(w, m)
+        return vload
 
     def _fragment(self, s: Stmt) -> Run:
         ix = self.ex

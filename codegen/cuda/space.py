@@ -10,7 +10,10 @@ practice (256-thread blocks, 64x64 GEMM tiles with 4x4 register tiles or 2x2 war
 fragments) and wait for a tuner run on a device.
 
 Lossy precisions are never chosen silently: f32 contractions default to `fma` and their space
-holds only `fma` unless `precisions` admits `tf32`, `f16` or `bf16`.
+holds only `fma` unless `precisions` admits `tf32`, `f16` or `bf16`. The GEMM space also holds
+`double_buffer`, `vector_width` and `swap` (nfc.codegen.cuda.gemm_tiles) and `pack`
+(nfc.codegen.cuda.gemm_pack); the default rule turns on only `swap`, where the operands'
+layouts favour the transposed product (`prefer_swap`).
 """
 
 from __future__ import annotations
@@ -60,8 +63,10 @@ def default_precision(dtype: DType) -> str:
     return {DType.F16: "f16", DType.BF16: "bf16"}.get(dtype, "fma")
 
 
-def default_gpu_schedule(op: ComputeOp) -> GpuSchedule:
-    """The heuristic schedule of `op` (see the module docstring)."""
+def default_gpu_schedule(op: ComputeOp, precision: str | None = None) -> GpuSchedule:
+    """The heuristic schedule of `op` (see the module docstring); for a contraction,
+    `precision` (default: the exact one of its dtype, `default_precision`) picks the inner
+    product, so `"tf32"`, `"f16"` or `"bf16"` asks for the Tensor Core tiles explicitly."""
     kind = classify(op)
     n_out = op.result.type.size
     if kind == "elementwise":
@@ -74,27 +79,38 @@ def default_gpu_schedule(op: ComputeOp) -> GpuSchedule:
         if n_out >= 2048 or r <= 2048:
             return ReduceSchedule("warp", _threads_for(32 * n_out))
         return ReduceSchedule("block", 1024 if r >= 1 << 16 else 256, True)
+    from nfc.codegen.cuda.gemm_tiles import prefer_swap
+
     m, n, k = _gemm_sizes(op)
-    precision = default_precision(op.result.dtype)
+    swap = prefer_swap(op)
+    if swap:
+        m, n = n, m
+    precision = precision or default_precision(op.result.dtype)
     if precision == "fma":
         bm, bn = (min(64, max(16, _pow2_at_least(x))) for x in (m, n))
         return GemmSchedule("fma", bm, bn, min(16, _pow2_at_least(k)),
-                            4 if bm >= 32 else 2, 4 if bn >= 32 else 2)
+                            4 if bm >= 32 else 2, 4 if bn >= 32 else 2, swap=swap)
     (wm, fm), (wn, fn) = (((1, 1) if x <= 16 else (2, 1) if x <= 32 else (2, 2))
                           for x in (m, n))
     step = 8 if precision == "tf32" else 16
     bk = 2 * step if k >= 2 * step else step
-    return GemmSchedule(precision, 16 * wm * fm, 16 * wn * fn, bk, warps_m=wm, warps_n=wn)
+    return GemmSchedule(precision, 16 * wm * fm, 16 * wn * fn, bk, warps_m=wm, warps_n=wn,
+                        swap=swap)
 
 
 #: Candidate values of the GEMM template's parameters.
-GEMM_PARAMS: dict[str, tuple[int, ...]] = {
+GEMM_PARAMS: dict[str, tuple[Any, ...]] = {
     "block_m": (16, 32, 64, 128), "block_n": (16, 32, 64, 128), "block_k": (8, 16, 32, 64),
     "thread_m": (1, 2, 4, 8), "thread_n": (1, 2, 4, 8),
     "warps_m": (1, 2, 4), "warps_n": (1, 2, 4), "frag_m": (1, 2, 4), "frag_n": (1, 2, 4),
+    "double_buffer": (False, True), "vector_width": (1, 2, 4), "swap": (False, True),
+    "pack": ("none", "a", "b", "ab"),
 }
-FMA_KEYS = ("block_m", "block_n", "block_k", "thread_m", "thread_n")
-WMMA_KEYS = ("warps_m", "warps_n", "frag_m", "frag_n", "block_k")
+#: The knobs both GEMM paths have (nfc.codegen.cuda.gemm_tiles, gemm_pack); their first
+#: values are the plain kernel.
+GEMM_KNOBS = ("double_buffer", "vector_width", "swap", "pack")
+FMA_KEYS = ("block_m", "block_n", "block_k", "thread_m", "thread_n", *GEMM_KNOBS)
+WMMA_KEYS = ("warps_m", "warps_n", "frag_m", "frag_n", "block_k", *GEMM_KNOBS)
 ELEMENTWISE_PARAMS: dict[str, tuple[int, ...]] = {"threads": (64, 128, 256, 512, 1024),
                                                   "items": (1, 2, 4, 8)}
 REDUCE_PARAMS: dict[str, tuple[Any, ...]] = {"strategy": ("thread", "warp", "block"),
@@ -122,13 +138,16 @@ class GpuSpace:
             return ReduceSchedule(str(cfg["strategy"]), int(cfg["threads"]),
                                   bool(cfg["shuffle"]))
         p = str(cfg["precision"])
+        knobs = {"double_buffer": bool(cfg.get("double_buffer", False)),
+                 "vector_width": int(cfg.get("vector_width", 1)),
+                 "swap": bool(cfg.get("swap", False)), "pack": str(cfg.get("pack", "none"))}
         if p == "fma":
             return GemmSchedule(p, int(cfg["block_m"]), int(cfg["block_n"]),
                                 int(cfg["block_k"]), int(cfg["thread_m"]),
-                                int(cfg["thread_n"]))
+                                int(cfg["thread_n"]), **knobs)
         wm, wn = int(cfg["warps_m"]), int(cfg["warps_n"])
         return GemmSchedule(p, 16 * wm * int(cfg["frag_m"]), 16 * wn * int(cfg["frag_n"]),
-                            int(cfg["block_k"]), warps_m=wm, warps_n=wn)
+                            int(cfg["block_k"]), warps_m=wm, warps_n=wn, **knobs)
 
     def problem(self, cfg: dict[str, Any]) -> str | None:
         """Why `cfg` is not a schedule of this compute (None: it is)."""
@@ -144,6 +163,18 @@ class GpuSpace:
                 return f"{nbytes} bytes of shared memory (static limit {STATIC_SHARED_LIMIT})"
             if s.wmma and not self.op.result.dtype.is_float:
                 return "tensor cores need float operands"
+            if s.vector_width > 1:
+                from nfc.codegen.cuda.gemm_tiles import vector_problem
+
+                why = vector_problem(self.op, s)
+                if why is not None:
+                    return f"vector width {s.vector_width}: {why}"
+            if s.packed:
+                from nfc.codegen.cuda.gemm_pack import pack_problem
+
+                why = pack_problem(self.op, s)
+                if why is not None:
+                    return f"pack '{s.pack}': {why}"
         return None
 
     def is_valid(self, cfg: dict[str, Any]) -> bool:
@@ -174,11 +205,12 @@ def to_params(s: GpuSchedule) -> dict[str, Any]:
     """The space parameters of a schedule."""
     if isinstance(s, GemmSchedule):
         d: dict[str, Any] = {"precision": s.precision, "block_k": s.block_k}
+        knobs = {k: getattr(s, k) for k in GEMM_KNOBS}
         if s.wmma:
             return d | {"warps_m": s.warps_m, "warps_n": s.warps_n, "frag_m": s.frag_m,
-                        "frag_n": s.frag_n}
+                        "frag_n": s.frag_n} | knobs
         return d | {"block_m": s.block_m, "block_n": s.block_n, "thread_m": s.thread_m,
-                    "thread_n": s.thread_n}
+                    "thread_n": s.thread_n} | knobs
     return {k: x for k, x in s.to_dict().items() if k not in ("kind", "version")}
 
 

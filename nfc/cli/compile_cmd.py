@@ -9,6 +9,8 @@
     nfc compile model.nf -o model.so --profile       # kernel timing for `nfc train --profile`
     nfc compile model.so --emit=header -o model.h    # the C header of a built library
     nfc compile model.nf --target cuda --emit=cuda   # CUDA C of every kernel (docs/cuda.md)
+    nfc compile model.nf --target cuda -o model.so   # a CUDA artifact: cubins, PTX, the step
+    nfc compile model.nf --target cuda --simulate    # one training step on the kernel simulator
     nfc compile model.nf --print-pipeline            # the pipeline run after the frontend
     nfc compile model.nf -p 'im2col,training-functions,inline,cse' --print-ir-after-all
 
@@ -53,7 +55,13 @@ def add_parser(subparsers: Any) -> None:
                    "other than so: standard output)")
     p.add_argument("--emit", choices=EMITS, default="so", help="what to write (default: so)")
     p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
-                   help="cpu (default) or cuda: --emit=cuda|cuda-loops only, no library yet")
+                   help="cpu (default) or cuda: a CUDA artifact (NVRTC cubins for sm_80 and "
+                   "sm_90, PTX, the step's launches; nfc.load opens it on a GPU), or "
+                   "--emit=cuda|cuda-loops")
+    p.add_argument("--simulate", action="store_true",
+                   help="with --target cuda: run one training step (else forward) of the "
+                   "compiled model on the kernel simulator and print the loss (writes the "
+                   "artifact only with -o)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="K=V",
                    help="a model parameter, or opt.<name> for the optimizer (repeatable)")
     p.add_argument("--function", dest="functions", action="append", default=[],
@@ -96,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         if args.emit != "header":
             raise UsageError("a .so is already compiled; it only gives --emit=header")
+        if meta["target"].get("kind") == "cuda":
+            raise UsageError(f"'{src}' is a CUDA artifact: it has no C ABI to give a header "
+                             "for (open it with nfc.load)")
         return _write(args.output, c_header(meta))
     try:
         check_model_source(src)
@@ -161,10 +172,16 @@ def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | N
     if args.target == "cuda" or args.emit in ("cuda", "cuda-loops"):
         from nfc.codegen.cuda.program import CUDA_EMITS, emit_text
 
+        if args.emit == "so" and args.target == "cuda":
+            return _compile_cuda(args, src, module, funcs)
         if args.emit not in CUDA_EMITS:
-            raise UsageError("--target cuda builds no library yet: use --emit=cuda or "
-                             "--emit=cuda-loops")
+            raise UsageError("--target cuda writes a CUDA artifact (-o model.so), "
+                             "--emit=cuda or --emit=cuda-loops")
+        if args.simulate:
+            raise UsageError("--simulate runs the compiled model: leave out --emit")
         return _write(args.output, emit_text(module, funcs, args.emit))
+    if args.simulate:
+        raise UsageError("--simulate applies to --target cuda")
     if args.emit in ("loops", "llvm", "header"):
         from nfc.codegen.artifact import build_artifact
         from nfc.codegen.artifact.header import c_header
@@ -192,6 +209,70 @@ def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | N
     print(f"  init: {n_tensors} tensors, seeded ({meta['init']['generator'].split(':')[0]})",
           file=sys.stderr)
     return 0
+
+
+def _compile_cuda(args: argparse.Namespace, src: Path, module: Any,
+                  funcs: list[str] | None) -> int:
+    """`--target cuda`: the CUDA artifact (-o), and with `--simulate` one step of it on the
+    simulator."""
+    from nfc.codegen.cuda.nvrtc import CudaToolchainError, NvrtcError
+    from nfc.runtime.cuda_load import cuda_artifact
+
+    if args.profile:
+        raise UsageError("--profile is not supported with --target cuda yet")
+    out = args.output or (None if args.simulate else str(src.with_suffix(".so")))
+    if out is not None:
+        _check_writable(out)
+    from nfc.runtime.cuda_load import tuned_gpu_schedules
+
+    choices, note = ({}, "GPU schedules: defaults (--no-tuning)") if args.no_tuning else \
+        tuned_gpu_schedules(module, args.db)
+    try:
+        art = cuda_artifact(module, functions=funcs, schedules=choices,
+                            compile=out is not None)
+    except (CudaToolchainError, NvrtcError) as exc:
+        raise UsageError(str(exc)) from None
+    if out is not None:
+        art.write(out)
+        sizes = ", ".join(f"{k} {len(v):,} bytes" for k, v in sorted(art.payload.images.items()))
+        print(f"wrote {out} (CUDA: {len(art.step.kernels)} kernels; {sizes})", file=sys.stderr)
+        print(f"  {note}", file=sys.stderr)
+        for name, fm in art.metadata["functions"].items():
+            print(f"  {name}: {len(fm['kernels'])} launches, arena {fm['arena_bytes']:,} "
+                  f"bytes (without reuse {fm['naive_bytes']:,})", file=sys.stderr)
+    if args.simulate:
+        _simulate_one_step(art.step)
+    return 0
+
+
+def _simulate_one_step(step: Any) -> None:
+    """One call of train_step (else forward) on the kernel simulator with seeded random
+    inputs (integer inputs zero: in range as labels and indices); prints the loss."""
+    import time
+
+    import numpy as np
+
+    from nfc.runtime.cuda_load import open_step
+
+    model = open_step(step, simulate=True)
+    try:
+        name = next((f for f in ("train_step", "forward") if f in model.functions), None)
+        if name is None:
+            raise UsageError("--simulate: the model has no train_step or forward")
+        model.init(0)
+        fn = model.functions[name]
+        rng = np.random.default_rng(0)
+        feeds = {a.name: (rng.standard_normal(a.shape).astype(a.dtype)
+                          if np.dtype(a.dtype).kind == "f" else np.zeros(a.shape, a.dtype))
+                 for a in fn.inputs}
+        t0 = time.perf_counter()
+        res = fn(**feeds)
+        secs = time.perf_counter() - t0
+    finally:
+        model.close()
+    shown = ", ".join(f"{k} {float(v):.6f}" for k, v in res.items() if np.ndim(v) == 0)
+    print(f"simulated {name} (seed 0, random inputs): {shown or 'no scalar results'} "
+          f"({len(fn.meta['kernels'])} launches, {secs:.2f} s on the simulator)")
 
 
 def _write(path: str | None, text: str) -> int:

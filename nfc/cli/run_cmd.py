@@ -48,8 +48,10 @@ def add_parser(subparsers: Any) -> None:
 
 def _info(path: str, meta: dict[str, Any]) -> None:
     t = meta["target"]
+    where = (f"CUDA {', '.join(t.get('archs', []))}" if t.get("kind") == "cuda" else
+             f"{t.get('cpu')} ({len(t.get('features', []))} features)")
     print(f"{path}: model '{meta.get('model')}', nfc {meta.get('nfc_version')}, ABI "
-          f"{meta['abi_version']}, {t.get('cpu')} ({len(t.get('features', []))} features)"
+          f"{meta['abi_version']}, {where}"
           + (", profiled" if meta.get("profile") else ""))
     if not meta["functions"]:
         print("  no functions")

@@ -6,6 +6,8 @@
     nfc train model.nf --data mnist1d --profile --trace trace.json --threads 2
     nfc train examples/models/lstm_lm.nf --max-steps 200    # --data auto: text, next chars
     nfc train examples/mlp.nf --workers 2 --batch 64        # data-parallel: 2 MPI ranks
+    nfc train examples/mlp.nf --target cuda                 # on an NVIDIA GPU (docs/cuda.md)
+    nfc train examples/mlp.nf --target cuda --simulate --batch 4 --max-steps 3   # no GPU
 
 Data sets: digits (scikit-learn), mnist1d (pip install mnist1d), text (Python's docs),
 synthetic; `auto` (the default) picks the one that fits the model's inputs: digits for float
@@ -109,6 +111,12 @@ def add_parser(subparsers: Any) -> None:
                    "(default 4)")
     p.add_argument("--plot-steps", metavar="FILE.png",
                    help="plot the step time over the run (swaps marked in dynamic mode)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: compile the model for an NVIDIA GPU and train "
+                   "there (a CUDA artifact .so trains on the GPU whatever the target)")
+    p.add_argument("--simulate", action="store_true",
+                   help="with a CUDA model: run every kernel on the kernel simulator instead "
+                   "of a GPU (slow: tiny models, a few steps; also NFC_CUDA_SIMULATE=1)")
     g = p.add_argument_group("data-parallel training (under mpiexec; docs/distributed.md)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="run on N local MPI ranks (mpiexec -n N nfc train ...); --batch is "
@@ -157,6 +165,15 @@ def run(args: argparse.Namespace) -> int:
         if args.print_pipeline:
             print(pipeline)
             return 0
+    if args.simulate and args.target != "cuda":
+        from nfc.codegen.artifact.container import is_library_path
+
+        if not is_library_path(args.file):
+            raise UsageError("--simulate applies to --target cuda (or a CUDA artifact)")
+    if args.target == "cuda" and (args.workers is not None or args.mode != "static"
+                                  or args.profile or args.compare_torch):
+        raise UsageError("--workers, --mode dynamic, --profile and --compare-torch are not "
+                         "supported with --target cuda yet")
     if args.workers is not None:
         return _launch_workers(args)
     if args.every < 0:
@@ -175,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         pipeline=args.pipeline, **flags, **pm_options, time_passes=args.time_passes,
         model=args.model,
         evaluate=not args.no_eval, mode=args.mode, dynamic=_dynamic_options(args),
-        distributed=_dist_options(args))
+        distributed=_dist_options(args), target=args.target, simulate=args.simulate)
     steps_metrics = None
     if args.plot_steps and not args.metrics:  # the plot reads the step times from metrics
         import tempfile

@@ -8,6 +8,8 @@ the best in the tuning cache, which `nfc compile` and `nfc train` then use.
     nfc tune model.nf --mode heuristic               # measure nothing: show what is cached
     nfc tune models.nf --model small                 # one model of a file that defines several
     nfc tune model.nf --cluster tcp://HOST:8786      # measure on dask workers (docs/distributed.md)
+    nfc tune model.nf --target cuda                  # GPU schedules timed on a GPU (docs/cuda.md)
+    nfc tune model.nf --target cuda --simulate       # the search on the simulator; no cache
 
 Kernels are tuned most expensive first (by a profiled step with default schedules, else by
 FLOP/byte counts); identical kernels (one layer in two models, the steps of an unrolled RNN)
@@ -88,6 +90,19 @@ def add_parser(subparsers: Any) -> None:
                    help="measure candidates on the workers of the dask scheduler at ADDR "
                    "(tcp://HOST:PORT) whose machine category is this machine's; the search "
                    "and the cache stay here (pip install 'nfc[distributed]')")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: search GPU schedules (CUDA events on the GPU; "
+                   "the tuning-cache category names the GPU, its compute capability, driver "
+                   "and NVRTC versions)")
+    p.add_argument("--simulate", action="store_true",
+                   help="with --target cuda: run the search on the kernel simulator (every "
+                   "candidate checked against the interpreter) with stand-in costs from a "
+                   "model of the launch, and store nothing in the tuning cache (also "
+                   "NFC_CUDA_SIMULATE=1)")
+    p.add_argument("--arch", choices=("sm_80", "sm_90"), default=None,
+                   help="with --target cuda --simulate: the GPU the stand-in cost models "
+                   "(default sm_80), and compile every candidate with NVRTC for it, rejecting "
+                   "those over its register, shared-memory or spill limits")
     add_model_argument(p)
     add_build_pipeline_arguments(p, flags=("im2col",))
     p.set_defaults(func=run)
@@ -126,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
                         ("--patience", args.patience), ("--top", args.top)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1")
+    if args.target == "cuda":
+        return _run_cuda(args, src)
+    if args.simulate or args.arch:
+        raise UsageError(f"{'--simulate' if args.simulate else '--arch'} applies to --target "
+                         "cuda")
     if args.confirm < 0:
         raise UsageError("--confirm must be 0 or more")
     if args.time is not None and args.time <= 0:
@@ -184,3 +204,103 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {args.plot}", file=sys.stderr)
     return 130 if report.interrupted else 0
 
+
+
+def _run_cuda(args: argparse.Namespace, src: Path) -> int:
+    """`--target cuda`: the genetic search over each compute's GPU schedule space, on the GPU
+    (timed with CUDA events, recorded in the tuning cache under the GPU's category) or, with
+    `--simulate`, on the simulator (stand-in costs, nothing recorded)."""
+    import os
+
+    from nfc.codegen.cuda.driver import CudaDriverError, NoDriverError
+    from nfc.codegen.cuda.nvrtc import CudaToolchainError
+    from nfc.runtime.build import SettingError, tune_pipeline_for
+    from nfc.runtime.tuning.driver import build_model, training_functions
+    from nfc.runtime.tuning.model import CacheError
+    from nfc.runtime.tuning.search import SearchConfig
+
+    simulate = args.simulate or os.environ.get("NFC_CUDA_SIMULATE", "") == "1"
+    unsupported = [flag for flag, given in (
+        ("--cluster", args.cluster), ("--compare-step", args.compare_step),
+        ("--plot", args.plot), ("--mode", args.mode != "full"), ("--time", args.time),
+        ("--top", args.top), ("--min-share", args.min_share),
+        ("--reproducible", args.reproducible)) if given]
+    if unsupported:
+        raise UsageError(f"{', '.join(unsupported)}: not supported with --target cuda yet")
+    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col)
+    if args.print_pipeline:
+        print(pipeline)
+        return 0
+    device = None
+    if not simulate:
+        from nfc.codegen.cuda.driver import Device
+
+        try:
+            device = Device()
+        except (NoDriverError, CudaToolchainError, CudaDriverError) as exc:
+            raise UsageError(f"{exc}; --simulate (or NFC_CUDA_SIMULATE=1) runs the search on "
+                             "the kernel simulator instead") from None
+    try:
+        module = build_model(src, args.settings, pipeline, im2col=not args.no_im2col,
+                             model=args.model, **pass_manager_options(args))
+    except SettingError as exc:
+        raise UsageError(str(exc)) from None
+    missing = [f for f in args.functions if not module.has_func(f)]
+    if missing:
+        have = ", ".join(f.name for f in module.funcs)
+        raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
+    functions = list(args.functions) or training_functions(module)
+    config = SearchConfig(population=args.population, trials=args.trials or 64,
+                          patience=args.patience, seed=args.seed)
+    log = (lambda s: None) if args.quiet else (lambda s: print(f"  {s}", file=sys.stderr))
+    from nfc.runtime.tuning import gpu
+
+    if args.arch and not simulate:
+        raise UsageError("--arch applies to --simulate (on a GPU, the GPU's own is used)")
+    if simulate:
+        if args.arch:
+            from nfc.codegen.cuda.nvrtc import nvrtc_version
+
+            try:
+                nvrtc_version()
+            except CudaToolchainError as exc:
+                raise UsageError(f"--arch compiles every candidate: {exc}") from None
+        arch = args.arch or "sm_80"
+        results = gpu.tune_kernels_gpu(
+            module, functions,
+            lambda op, space: gpu.SimMeasurer(op, space, arch=arch, nvrtc_arch=args.arch),
+            config=config, progress=log)
+        print(gpu.results_table(results, simulated=True))
+        checked = f"; resources checked by NVRTC for {args.arch}" if args.arch else ""
+        print(f"simulated ({arch}{checked}): {gpu.SimMeasurer.COST_NOTE}; nothing was "
+              "written to the tuning cache", file=sys.stderr)
+    else:
+        from nfc.runtime.tuning.cache import TuningCache
+
+        try:
+            cache = TuningCache(args.db) if args.db else TuningCache()
+        except CacheError as exc:
+            raise UsageError(str(exc)) from None
+        category = gpu.cuda_device_category(device)
+        from nfc.runtime.tuning.gpu_worker import GpuWorker, WorkerDeviceMeasurer, worker_options
+        from nfc.runtime.tuning.measure import MeasureSetupError
+
+        options = worker_options(device)
+        device.close()  # candidates run in a worker process, which owns the GPU's context
+        with cache, GpuWorker(options) as worker:
+            try:
+                results = gpu.tune_kernels_gpu(
+                    module, functions,
+                    lambda op, space: WorkerDeviceMeasurer(op, worker, space),
+                    config=config, cache=cache, category=category, progress=log)
+            except (CacheError, MeasureSetupError) as exc:
+                raise UsageError(str(exc)) from None
+        print(gpu.results_table(results, simulated=False))
+        print(f"cache: {getattr(cache, 'path', '')} ({category['device']}, "
+              f"sm {category['compute_capability']})", file=sys.stderr)
+    if args.report:
+        from nfc.fsutil import atomic_write
+
+        atomic_write(args.report, gpu.results_json(results, simulated=simulate).encode())
+        print(f"report: {args.report}", file=sys.stderr)
+    return 0
