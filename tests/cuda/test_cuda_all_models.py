@@ -92,6 +92,10 @@ def test_every_kernel_matches_the_interpreter(name):
         if k.func.name in cov.stage_kernels(c))
     bad = [f"{r.kernel} ({r.kind}, {r.precision}): {r.problem}" for r in checks if not r.ok]
     assert not bad, "\n".join(bad)
+    # issue 13's figure for the f32 paths besides the error bound: 1e-5 normwise relative
+    loose = [f"{r.kernel}: {r.rel_error:.2e}" for r in checks
+             if r.kind != "wmma" and r.rel_error > 1e-5]
+    assert not loose, loose
     assert {r.kind for r in checks} >= {"elementwise", "reduce", "gemm", "wmma"}
 
 
