@@ -19,8 +19,9 @@ For every outer reduction index and every K step the block
 4. `__syncthreads()` before the next step overwrites the tiles.
 
 The result is written with guards at the M/N edges: FMA threads store their registers; WMMA
-warps store each fragment to a per-warp f32 scratch tile in shared memory, `__syncwarp()`, and
-the 32 lanes copy its 256 elements out (8 each), converting to the output's type.
+warps store each fragment to a per-warp `m x (n + 4)` f32 scratch tile in shared memory,
+`__syncwarp()`, and the 32 lanes copy its 256 elements out (8 each), converting to the
+output's type (`m x n` the schedule's `wmma_shape`: 16x16, 32x8 or 8x32).
 
 The copies and the K loop come from nfc.codegen.cuda.gemm_tiles, which implements the knobs
 `vector_width` (vector global loads) and `double_buffer` (two shared stages, one barrier per K
@@ -87,11 +88,12 @@ def _faster(load_names: list[str], a: str, b: str) -> bool:
 
 def shared_bytes(s: GemmSchedule, dtype: DType) -> int:
     """Shared memory of a GEMM block: the A and B tiles (padded rows; two stages of each when
-    double buffered) and, on the WMMA path, a 16 x 20 f32 scratch tile per warp."""
+    double buffered) and, on the WMMA path, an m x (n + 4) f32 scratch tile per warp."""
     item = (_IN_TYPE.get(s.precision) or acc_type(dtype)).itemsize
     pad = PAD[s.precision]
     tiles = (s.block_m * (s.block_k + pad) + s.block_k * (s.block_n + pad)) * item
-    return tiles * tile_stages(s) + (s.warps_m * s.warps_n * 16 * 20 * 4 if s.wmma else 0)
+    scratch = s.warps_m * s.warps_n * s.mnk[0] * (s.mnk[1] + 4) * 4 if s.wmma else 0
+    return tiles * tile_stages(s) + scratch
 
 
 def lower_gemm(op: ComputeOp, s: GemmSchedule, out: Buffer, bufs: dict[int, Buffer],
@@ -233,7 +235,7 @@ def _wmma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str
     """Tensor-core inner product: accumulator fragments per warp."""
     fm, fn = s.frag_m, s.frag_n
     mnk = s.mnk
-    kstep = mnk[2]
+    fr, fc_, kstep = mnk  # fragment rows and columns (the scratch row: 16-byte multiple)
     nwarps = s.warps_m * s.warps_n
     warp, wm, wn, lane = (names.scalar(h) for h in ("warp", "wm", "wn", "lane"))
     pairs = [(warp, Binary("//", Index(tx), c(32))),
@@ -243,11 +245,11 @@ def _wmma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str
     fa = Fragment(names.fresh("fa"), (fm,), a_s.dtype, frag, "matrix_a", mnk, s.precision)
     fb = Fragment(names.fresh("fb"), (fn,), b_s.dtype, frag, "matrix_b", mnk, s.precision)
     fc = Fragment(names.fresh("fc"), (fm, fn), DType.F32, frag, "accumulator", mnk, "f32")
-    scratch = Buffer(names.fresh("Cs"), (nwarps, 16, 20), DType.F32, Scope.SHARED)
+    scratch = Buffer(names.fresh("Cs"), (nwarps, fr, fc_ + 4), DType.F32, Scope.SHARED)
     x, y, kk, e = names.fresh("x"), names.fresh("y"), names.fresh("kk"), names.fresh("e")
     u = LoopKind.UNROLLED
-    wrow = add(mul(v(wm), fm * 16), mul(Index(x), 16))
-    wcol = add(mul(v(wn), fn * 16), mul(Index(y), 16))
+    wrow = add(mul(v(wm), fm * fr), mul(Index(x), fr))
+    wcol = add(mul(v(wn), fn * fc_), mul(Index(y), fc_))
     xi, yi = (Index(x),), (Index(y),)
 
     def inner(st: tuple[Expr, ...]) -> Stmt:
@@ -258,8 +260,8 @@ def _wmma(s: GemmSchedule, a_s: Buffer, b_s: Buffer, m0: Expr, n0: Expr, tx: str
                                  FragMma(fc, (Index(x), Index(y)), fa, xi, fb, yi))))))
     q, r, col = names.scalar("q"), names.scalar("r"), names.scalar("c")
     copy_out = For(e, c(8), u, lets(
-        [(q, add(mul(Index(e), 32), v(lane))), (r, Binary("//", v(q), c(16))),
-         (col, Binary("%", v(q), c(16)))],
+        [(q, add(mul(Index(e), 32), v(lane))), (r, Binary("//", v(q), c(fc_))),
+         (col, Binary("%", v(q), c(fc_)))],
         out_store(add(m0, wrow, v(r)), add(n0, wcol, v(col)),
                   BufLoad(scratch, (v(warp), v(r), v(col))))))
     epilogue = For(x, c(fm), u, For(y, c(fn), u, Seq((

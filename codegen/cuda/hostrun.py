@@ -2,16 +2,15 @@
 
 The simulator (nfc.codegen.cuda.sim) executes the loop IR, so it cannot see a mistake of the
 renderer (a missing parenthesis, a wrong conversion, a helper that computes something else).
-This runs the renderer's output itself: `HOST_SHIM` maps the CUDA C the renderer uses onto
-C++20 (each GPU thread an OS thread, `__syncthreads()` a `std::barrier` of the block,
-`__syncwarp()` and `__shfl_xor_sync` a barrier and an exchange slot per warp, `__shared__`
-arrays `static`, blocks run one after the other by the same threads, `__half` as `_Float16`,
-`__nv_bfloat16` rounded to nearest even, WMMA fragments as whole 16x16 tiles per thread
-multiplied in f32), and `run_host(program, inputs)` compiles the translation unit with `c++
--std=c++20` into a shared library, launches each kernel with its grid and block, and returns
-the outputs. It is a check of the CUDA C text on a machine without a GPU, not a model of GPU
-timing or memory semantics (the simulator checks races; this one has real ones as C++ data
-races).
+This runs the renderer's output itself: `HOST_SHIM` maps the CUDA C the renderer uses onto C++20
+(each GPU thread an OS thread, `__syncthreads()` a `std::barrier` of the block, `__syncwarp()` and
+`__shfl_xor_sync` a barrier and an exchange slot per warp, `__shared__` arrays `static`, blocks run
+one after the other by the same threads, `__half` as `_Float16`, `__nv_bfloat16` rounded to nearest
+even, WMMA fragments of any M x N x K shape as whole tiles per thread multiplied in f32), and
+`run_host(program, inputs)` compiles the translation unit with `c++ -std=c++20` into a shared
+library, launches each kernel with its grid and block, and returns the outputs. It is a check of the
+CUDA C text on a machine without a GPU, not a model of GPU timing or memory semantics (the simulator
+checks races; this one has real ones as C++ data races).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ the tuning cache can store and replay it, like the CPU's `nfc.codegen.schedule`:
   in shared memory per K step between two `__syncthreads()`. `precision` picks the inner
   product: `fma` (CUDA cores in the operands' type; each thread a `thread_m x thread_n`
   register tile) or WMMA on Tensor Cores with `f16`, `bf16` (m16n16k16) or `tf32` (m16n16k8)
-  inputs and f32 accumulation (`warps_m x warps_n` warps, each `frag_m x frag_n` fragments).
+  inputs and f32 accumulation (`warps_m x warps_n` warps, each `frag_m x frag_n` fragments;
+  `wmma_shape` picks f16/bf16's other legal fragment shapes `32x8x16` and `8x32x16`).
   Knobs of both paths: `double_buffer` (two shared stages, the next tile's copy before the
   current tile's multiply), `vector_width` (2 or 4 elements per global load of the tiles) and
   `swap` (compute the transposed product) and `pack` (copy operand A, B or both into a
@@ -40,6 +41,15 @@ STRATEGIES = ("thread", "warp", "block")
 VECTOR_WIDTHS = (1, 2, 4)
 #: The values of `GemmSchedule.pack`: which of the contraction's operands (A, B) are packed.
 PACKS = ("none", "a", "b", "ab")
+#: The legal values of `GemmSchedule.wmma_shape` per WMMA precision ("" is the first one).
+WMMA_SHAPE_CHOICES = {"f16": ("16x16x16", "32x8x16", "8x32x16"),
+                      "bf16": ("16x16x16", "32x8x16", "8x32x16"), "tf32": ("16x16x8",)}
+
+
+def wmma_mnk(precision: str, shape: str = "") -> tuple[int, int, int]:
+    """The `(m, n, k)` of a WMMA shape `MxNxK` ("": the precision's default, m16n16k*)."""
+    m, n, k = (int(x) for x in (shape or WMMA_SHAPE_CHOICES[precision][0]).split("x"))
+    return m, n, k
 
 
 class GpuScheduleError(ValueError):
@@ -136,6 +146,8 @@ class GemmSchedule(_Data):
     """Operands of the contraction (`a`, `b`, `ab`; `none`) a kernel of their own copies into
     a tile-contiguous global temporary, zero-padded, before the GEMM, which then loads them
     without guards (`nfc.codegen.cuda.gemm_pack`)."""
+    wmma_shape: str = ""
+    """WMMA: the fragment shape `MxNxK` (`WMMA_SHAPE_CHOICES`; "" the precision's first)."""
 
     @property
     def packed(self) -> tuple[str, ...]:
@@ -150,19 +162,17 @@ class GemmSchedule(_Data):
     @property
     def mnk(self) -> tuple[int, int, int]:
         """The WMMA shape."""
-        from nfc.codegen.cuda.gpuir import WMMA_SHAPES
-
-        return WMMA_SHAPES[self.precision]
+        return wmma_mnk(self.precision, self.wmma_shape)
 
     @property
     def frag_m(self) -> int:
         """WMMA: accumulator fragments per warp along M."""
-        return self.block_m // (16 * self.warps_m)
+        return self.block_m // (self.mnk[0] * self.warps_m)
 
     @property
     def frag_n(self) -> int:
         """WMMA: accumulator fragments per warp along N."""
-        return self.block_n // (16 * self.warps_n)
+        return self.block_n // (self.mnk[1] * self.warps_n)
 
     @property
     def threads(self) -> int:
@@ -176,15 +186,24 @@ class GemmSchedule(_Data):
         if self.precision not in PRECISIONS:
             return f"unknown precision '{self.precision}' (one of {', '.join(PRECISIONS)})"
         if self.wmma:
-            step = self.mnk[2]
-            if self.block_m % (16 * self.warps_m) or self.block_n % (16 * self.warps_n):
-                return (f"block {self.block_m}x{self.block_n} is not a whole number of 16x16 "
-                        f"fragments per warp over {self.warps_m}x{self.warps_n} warps")
+            legal = WMMA_SHAPE_CHOICES[self.precision]
+            if self.wmma_shape and self.wmma_shape not in legal:
+                return (f"WMMA shape '{self.wmma_shape}' is not one of {', '.join(legal)} "
+                        f"for {self.precision}")
+            fm, fn, step = self.mnk
+            if self.block_m % (fm * self.warps_m) or self.block_n % (fn * self.warps_n):
+                return (f"block {self.block_m}x{self.block_n} is not a whole number of "
+                        f"{fm}x{fn} fragments per warp over {self.warps_m}x{self.warps_n} warps")
             if not 1 <= self.frag_m * self.frag_n <= 4:
                 return f"{self.frag_m}x{self.frag_n} fragments per warp (1 to 4 allowed)"
+            if fn * 2 % 32 and self.warps_n * self.frag_n > 1:  # 16-bit inputs
+                return (f"{self.wmma_shape} matrix_b fragments {fn} columns apart are not "
+                        f"32-byte aligned in shared memory (one fragment column only)")
             if self.block_k % step or self.block_k > 64:
                 return f"block_k {self.block_k} is not a multiple of {step} up to 64"
         else:
+            if self.wmma_shape:
+                return f"WMMA shape '{self.wmma_shape}' on the fma path (Tensor Cores only)"
             if self.block_m % self.thread_m or self.block_n % self.thread_n:
                 return (f"thread tile {self.thread_m}x{self.thread_n} does not divide block "
                         f"{self.block_m}x{self.block_n}")

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nfc.codegen.cuda.schedule import (
+    WMMA_SHAPE_CHOICES,
     ElementwiseSchedule,
     GemmSchedule,
     GpuSchedule,
     ReduceSchedule,
+    wmma_mnk,
 )
 from nfc.contraction import match_contraction
 from nfc.ir import ComputeOp, DType
@@ -104,13 +106,13 @@ GEMM_PARAMS: dict[str, tuple[Any, ...]] = {
     "thread_m": (1, 2, 4, 8), "thread_n": (1, 2, 4, 8),
     "warps_m": (1, 2, 4), "warps_n": (1, 2, 4), "frag_m": (1, 2, 4), "frag_n": (1, 2, 4),
     "double_buffer": (False, True), "vector_width": (1, 2, 4), "swap": (False, True),
-    "pack": ("none", "a", "b", "ab"),
+    "pack": ("none", "a", "b", "ab"), "wmma_shape": ("", "32x8x16", "8x32x16"),
 }
 #: The knobs both GEMM paths have (nfc.codegen.cuda.gemm_tiles, gemm_pack); their first
 #: values are the plain kernel.
 GEMM_KNOBS = ("double_buffer", "vector_width", "swap", "pack")
 FMA_KEYS = ("block_m", "block_n", "block_k", "thread_m", "thread_n", *GEMM_KNOBS)
-WMMA_KEYS = ("warps_m", "warps_n", "frag_m", "frag_n", "block_k", *GEMM_KNOBS)
+WMMA_KEYS = ("warps_m", "warps_n", "frag_m", "frag_n", "block_k", *GEMM_KNOBS, "wmma_shape")
 ELEMENTWISE_PARAMS: dict[str, tuple[int, ...]] = {"threads": (64, 128, 256, 512, 1024),
                                                   "items": (1, 2, 4, 8)}
 REDUCE_PARAMS: dict[str, tuple[Any, ...]] = {"strategy": ("thread", "warp", "block"),
@@ -146,8 +148,13 @@ class GpuSpace:
                                 int(cfg["block_k"]), int(cfg["thread_m"]),
                                 int(cfg["thread_n"]), **knobs)
         wm, wn = int(cfg["warps_m"]), int(cfg["warps_n"])
-        return GemmSchedule(p, 16 * wm * int(cfg["frag_m"]), 16 * wn * int(cfg["frag_n"]),
-                            int(cfg["block_k"]), warps_m=wm, warps_n=wn, **knobs)
+        shape = str(cfg.get("wmma_shape", ""))
+        if shape and shape not in WMMA_SHAPE_CHOICES.get(p, ()):
+            return GemmSchedule(p, warps_m=wm, warps_n=wn, wmma_shape=shape, **knobs)
+        fr, fc, _ = wmma_mnk(p, shape)
+        return GemmSchedule(p, fr * wm * int(cfg["frag_m"]), fc * wn * int(cfg["frag_n"]),
+                            int(cfg["block_k"]), warps_m=wm, warps_n=wn, wmma_shape=shape,
+                            **knobs)
 
     def problem(self, cfg: dict[str, Any]) -> str | None:
         """Why `cfg` is not a schedule of this compute (None: it is)."""
@@ -208,7 +215,7 @@ def to_params(s: GpuSchedule) -> dict[str, Any]:
         knobs = {k: getattr(s, k) for k in GEMM_KNOBS}
         if s.wmma:
             return d | {"warps_m": s.warps_m, "warps_n": s.warps_n, "frag_m": s.frag_m,
-                        "frag_n": s.frag_n} | knobs
+                        "frag_n": s.frag_n} | knobs | {"wmma_shape": s.wmma_shape}
         return d | {"block_m": s.block_m, "block_n": s.block_n, "thread_m": s.thread_m,
                     "thread_n": s.thread_n} | knobs
     return {k: x for k, x in s.to_dict().items() if k not in ("kind", "version")}
