@@ -141,6 +141,16 @@ def model_module(path: str | Path, params: Mapping[str, Any] | None = None,
     return module
 
 
+def backend_module(path: str | Path, params: Mapping[str, Any] | None = None) -> Module:
+    """The module a backend compiles, as `nfc compile` builds it without tuned schedules: the
+    model pipeline (im2col, @train_step and @eval), the cleanup, then `fuse` (the CUDA
+    coverage checks, nfc.codegen.cuda.coverage)."""
+    module = model_module(path, params or {}, {})
+    run_pipeline(module, DEFAULT_PIPELINE)
+    run_pipeline(module, FUSE_PIPELINE)
+    return module
+
+
 def run_pipeline(module: Module, pipeline: str = DEFAULT_PIPELINE, *,
                  verify: bool = True) -> Module:
     """Run the pass pipeline (text, `a,b{k=v}`) on `module` in place, verifying after every

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from nfc.codegen.cuda import coverage as cov
+from nfc.runtime.build import backend_module
 
 KINDS = ("elementwise", "reduce", "gemm")
 
@@ -69,7 +70,7 @@ def _kind(k) -> str:
 def model_rows(name: str, args: argparse.Namespace) -> list[dict]:
     """A row per function of model `name`."""
     params = {} if args.full else cov.REDUCED[name]
-    module = cov.build_model(cov.examples_dir() / name, params)
+    module = backend_module(cov.examples_dir() / name, params)
     precs = (cov.WMMA_PRECISIONS if args.wmma == "all" else
              (cov.wmma_precision(cov.example_models().index(name)),) if args.wmma == "one"
              else ())

@@ -2,7 +2,7 @@
 NVRTC and simulated kernel by kernel against the interpreter (tests/cuda/test_cuda_all_models.py
 and scripts/cuda_coverage.py; docs/cuda.md, "Coverage").
 
-    module = build_model(path, REDUCED[name])        # the pipeline `nfc compile` runs
+    module = backend_module(path, REDUCED[name])     # nfc.runtime.build: as `nfc compile`
     cases = model_cases(module)                      # a GpuProgram per compute or group
     resources = compile_cases(cases, "sm_90")        # one translation unit, limits checked
     results = check_case(cases[0])                   # each kernel simulated vs nfc.interp
@@ -110,17 +110,6 @@ def example_models(root: Path | None = None) -> list[str]:
     files = sorted(root.glob("*.nf")) + sorted((root / "models").glob("*.nf"))
     return [p.relative_to(root).as_posix() for p in files
             if _MODEL.search(p.read_text(encoding="utf-8"))]
-
-
-def build_model(path: str | Path, params: dict[str, int] | None = None) -> Module:
-    """The model's module as `nfc compile` builds it for a backend: the model pipeline
-    (im2col, @train_step and @eval), the cleanup, then `fuse` (no CPU tuning attached)."""
-    from nfc.runtime.build import DEFAULT_PIPELINE, model_module, run_pipeline
-
-    module = model_module(path, params or {}, {})
-    run_pipeline(module, DEFAULT_PIPELINE)
-    run_pipeline(module, "fuse")
-    return module
 
 
 @dataclass
@@ -420,7 +409,7 @@ def _wmma_mean(st: ComputeOp, ins: list[np.ndarray], precision: str, err: np.nda
     return None if mean <= limit else f"mean error {mean:.3g} above u sqrt(K) bound {limit:.3g}"
 
 
-__all__ = ["REDUCED", "WMMA_PRECISIONS", "Case", "KernelCheck", "build_model", "case_kernels",
+__all__ = ["REDUCED", "WMMA_PRECISIONS", "Case", "KernelCheck", "case_kernels",
            "check_case", "compile_cases", "example_models", "examples_dir", "kernel_kind",
            "model_cases", "random_inputs", "sample", "stage_kernels", "wmma_precision",
            "wmma_tolerance"]

@@ -37,6 +37,7 @@ from nfc.codegen.cuda.schedule import GemmSchedule
 from nfc.codegen.cuda.space import default_gpu_schedule
 from nfc.codegen.loops import Allocate, For, If, Seq, Stmt, Store
 from nfc.ir import Const
+from nfc.runtime.build import backend_module
 
 HAVE_NVRTC = importlib.util.find_spec("cuda.bindings") is not None
 ALL = os.environ.get("NFC_CUDA_ALL") == "1"
@@ -49,7 +50,7 @@ needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="cuda-python (NVRTC) not
 @functools.cache
 def _cases(name: str) -> tuple[list[cov.Case], list[cov.Case]]:
     """(default cases, Tensor Core cases) of a model at its reduced sizes."""
-    module = cov.build_model(cov.examples_dir() / name, cov.REDUCED[name])
+    module = backend_module(cov.examples_dir() / name, cov.REDUCED[name])
     cases = cov.model_cases(module)
     if ALL:
         wmma = [c for p in cov.WMMA_PRECISIONS for c in cov.model_cases(module, p)]
@@ -113,7 +114,7 @@ def test_reduced_sizes_exercise_every_schedule_kind():
 @pytest.mark.skipif(not ALL, reason="full-size models: set NFC_CUDA_ALL=1")
 @pytest.mark.parametrize("name", MODELS)
 def test_every_kernel_compiles_at_full_size(name):
-    module = cov.build_model(cov.examples_dir() / name)
+    module = backend_module(cov.examples_dir() / name)
     cases = cov.model_cases(module) + cov.model_cases(
         module, cov.wmma_precision(MODELS.index(name)))
     for arch in ("sm_80", "sm_90"):

@@ -42,6 +42,7 @@ from nfc.codegen.cuda.space import (
 )
 from nfc.codegen.loops import Store
 from nfc.ir import ComputeOp, DType
+from nfc.runtime.build import backend_module
 
 
 def _batched() -> ComputeOp:
@@ -342,7 +343,7 @@ def test_every_model_gemm_with_the_knobs(tmp_path, monkeypatch):
     compile_ok = importlib.util.find_spec("cuda.bindings") is not None
     vectorised = 0
     for name in cov.example_models():
-        module = cov.build_model(cov.examples_dir() / name, cov.REDUCED[name])
+        module = backend_module(cov.examples_dir() / name, cov.REDUCED[name])
         kernels = []
         for case in cov.model_cases(module):
             gemm = [classify(st) == "gemm" for st in case.stages]
