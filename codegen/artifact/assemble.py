@@ -30,14 +30,12 @@ the start and end (ns) of kernel k of the latest call at `nfc_<f>_profile()[2k]`
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nfc import __version__
 from nfc.codegen.artifact.collective import (
     COLLECTIVE_PREFIX,
     NO_LOOPS,
@@ -46,27 +44,29 @@ from nfc.codegen.artifact.collective import (
     emit_collective,
 )
 from nfc.codegen.artifact.initgen import (
-    GENERATOR,
-    GENERATOR_VERSION,
     emit_init_loop,
     layout_parts,
     part_view,
 )
 from nfc.codegen.artifact.kcache import ObjectCache
 from nfc.codegen.artifact.kernels import KernelSet
-from nfc.codegen.artifact.layouts import check_part_names, state_layouts, tensor_views
+from nfc.codegen.artifact.layouts import check_part_names
+from nfc.codegen.artifact.metadata import (
+    ABI_VERSION,
+    TensorInfo,
+    function_json,
+    kernel_json,
+    model_json,
+    persistent_tensors,
+)
 from nfc.codegen.artifact.plan import FuncPlan, Slot, plan_function
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.jit import SCHEDULE_ATTR, KernelInfo, new_module
 from nfc.codegen.lower import ScheduleError, default_group_schedule, group_of
 from nfc.codegen.schedule import GroupSchedule
 from nfc.diagnostics import CompileError, error
-from nfc.ir import AllReduceOp, ComputeOp, Func, KernelOp, Module, Op, ReturnOp, TensorType
+from nfc.ir import AllReduceOp, ComputeOp, KernelOp, Module, Op, ReturnOp
 
-#: Version of the C ABI and the metadata layout; the loader refuses any other.
-ABI_VERSION = 1
-#: Roles of arguments that persist across steps (the model's state, held by the runtime).
-PERSISTENT_ROLES = ("param", "state", "opt_state")
 #: Most bytes of static data (metadata, profile counters) a library may hold: the code
 #: addresses it with 32-bit PC-relative offsets, which reach 2 GiB; 1 GiB leaves room for the
 #: code and the relocation slack.
@@ -76,21 +76,6 @@ STATIC_DATA_LIMIT = 1 << 30
 #: (2.9 s for ResNet-18's entries; 0.1 s with this).
 ENTRY_PIPELINE: dict[str, int | bool] = {"speed_level": 2, "loop_vectorization": False,
                                          "slp_vectorization": False, "loop_unrolling": False}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A persistent tensor of the model (parameter, state or optimizer state)."""
-
-    name: str
-    role: str
-    type: TensorType
-    init: str
-    trainable: bool
-    layout: dict[str, Any] | None = None
-    """A parameter laid out by `parallel-fusion{layout=true}` (and its optimizer state): the
-    parts it concatenates (`parts`, `axis`, `offsets`, `inits`), each initialised and shown
-    by its own name."""
 
 
 @dataclass
@@ -223,45 +208,6 @@ def _kernel_info(info: KernelInfo, op: Op) -> KernelInfo:
     return KernelInfo(info.name, info.loops, tuple(op.results), info.inputs)
 
 
-def persistent_tensors(funcs: Sequence[Func]) -> list[TensorInfo]:
-    """The params, state and optimizer state of `funcs`, by name, in first-seen order."""
-    out: dict[str, TensorInfo] = {}
-    for f in funcs:
-        for a, attrs in zip(f.args, f.arg_attrs, strict=True):
-            role = attrs.get("nf.role")
-            if role not in PERSISTENT_ROLES:
-                continue
-            lay = attrs.get("nf.layout")
-            t = TensorInfo(a.name or "", str(role), a.type, str(attrs.get("nf.init", "zeros")),
-                           bool(attrs.get("nf.trainable", role == "param")),
-                           dict(lay) if isinstance(lay, dict) else None)
-            old = out.get(t.name)
-            if old is None:
-                out[t.name] = t
-            elif (old.type, old.role) != (t.type, t.role):
-                raise CompileError(error(
-                    f"'{t.name}' is {old.role} {old.type} in one function and {t.role} "
-                    f"{t.type} in @{f.name}", f.loc).diagnostics)
-    return state_layouts(list(out.values()))
-
-
-def _flops_bytes(op: Op) -> tuple[float, int]:
-    from nfc.cost import compute_cost
-
-    if isinstance(op, ComputeOp):
-        c = compute_cost(op)
-        return c.flops, c.bytes
-    if isinstance(op, KernelOp):
-        cops, outs, ins = group_of(op)
-        flops = sum(compute_cost(c).flops for c in cops)
-        return flops, sum(v.type.nbytes for v in (*outs, *ins))
-    return 0.0, 0
-
-
-def _tensor_json(name: str, t: TensorType, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "shape": list(t.shape), "dtype": str(t.dtype), **extra}
-
-
 def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
                    schedule_for: ScheduleFn | None = None, target: CpuTarget | None = None,
                    profile: bool = False, extra_metadata: dict[str, Any] | None = None,
@@ -328,33 +274,14 @@ def build_artifact(module: Module, *, functions: Sequence[str] | None = None,
         plan = plan_function(f, infos, symbols)
         plans[f.name] = plan
         for call in plan.kernels:
-            flops, nbytes = _flops_bytes(f.body.ops[call.op_index])
-            kmeta.append({"symbol": call.symbol, "label": call.label, "flops": flops,
-                          "bytes": nbytes})
+            kmeta.append(kernel_json(call.symbol, call.label, f.body.ops[call.op_index]))
         _emit_entry(llmod, plan, profile)
-        fmeta[f.name] = {
-            "symbol": f"nfc_{f.name}",
-            "args": [_tensor_json(a.name, a.type, role=a.role) for a in plan.args],
-            "results": [_tensor_json(r.name, r.type, inplace=r.inplace, out=r.out)
-                        for r in plan.results],
-            "arena_bytes": plan.memory.peak, "naive_bytes": plan.memory.naive,
-            "kernels": kmeta, "copies": len(plan.copies),
-        } | ({"collectives": collectives} if collectives else {})
+        fmeta[f.name] = function_json(f.name, plan, kmeta, **(
+            {"collectives": collectives} if collectives else {}))
     _emit_init(llmod, tensors)
-    feats = sorted(target.enabled)
-    meta: dict[str, Any] = {
-        "abi_version": ABI_VERSION, "nfc_version": __version__, "model": module.name,
-        "target": {"triple": target.triple, "cpu": target.cpu, "features": feats},
-        "profile": profile,
-        "tensors": [_tensor_json(t.name, t.type, role=t.role, init=t.init,
-                                 trainable=t.trainable,
-                                 **({"layout": t.layout} if t.layout is not None else {}))
-                    for t in tensors],
-        **({"views": views} if (views := tensor_views(tensors)) else {}),
-        "init": {"symbol": "nfc_init", "generator": GENERATOR, "version": GENERATOR_VERSION},
-        "functions": fmeta,
-        "attributes": _json_attrs(module.attrs),
-    }
+    meta = model_json(module, tensors, fmeta, profile=profile, init_symbol="nfc_init",
+                      target={"triple": target.triple, "cpu": target.cpu,
+                              "features": sorted(target.enabled)})
     meta.update(extra_metadata or {})
     _check_static_data(meta, plans, profile)
     _emit_info(llmod, meta)
@@ -376,18 +303,6 @@ def _check_static_data(meta: dict[str, Any], plans: dict[str, FuncPlan], profile
         raise CompileError(error(
             f"the library's static data (metadata and profile counters) would take "
             f"{size:,} bytes, more than the limit of {STATIC_DATA_LIMIT:,}").diagnostics)
-
-
-def _json_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Module attributes that are plain JSON data (optimizer, loss, model name)."""
-    out = {}
-    for k, v in attrs.items():
-        try:
-            json.dumps(v)
-        except TypeError:
-            continue
-        out[k] = v
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

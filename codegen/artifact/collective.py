@@ -29,13 +29,13 @@ NO_LOOPS: Any = _NoLoops()
 
 
 def collective_json(op: AllReduceOp) -> dict[str, Any]:
-    from nfc.codegen.artifact.assemble import _tensor_json
+    from nfc.codegen.artifact.metadata import tensor_json
 
     return {"bucket": int(op.attrs.get("nf.bucket", 0)),
             "reduce": str(op.attrs.get("nf.reduce", "mean")),
             "compress": str(op.attrs.get("nf.compress", "none")),
             "what": str(op.attrs.get("nf.collective", "gradients")),
-            "tensors": [_tensor_json(v.name or f"t{i}", v.type)
+            "tensors": [tensor_json(v.name or f"t{i}", v.type)
                         for i, v in enumerate(op.values)]}
 
 

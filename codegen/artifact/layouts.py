@@ -15,7 +15,7 @@ from nfc.codegen.artifact.initgen import layout_parts
 from nfc.diagnostics import CompileError, error
 
 if TYPE_CHECKING:
-    from nfc.codegen.artifact.assemble import TensorInfo
+    from nfc.codegen.artifact.metadata import TensorInfo
 
 __all__ = ["check_part_names", "state_layouts", "tensor_views"]
 

@@ -15,7 +15,7 @@ arena (`Slot("arena", offset)`), with results updated in place where that is saf
 at the end of the step otherwise. A program's temporaries (the global buffers between the
 stages of a group) are its *workspace*: one arena block live during the op, each temporary
 256-byte aligned at an offset inside it, so a kernel parameter is a slot plus an extra byte
-offset. `metadata` has the CPU artifact's format (`nfc.codegen.artifact.assemble`: functions
+offset. `metadata` has the CPU artifact's format (`nfc.codegen.artifact.metadata`: functions
 with args, roles and results; persistent tensors with their initializers), target
 `{"kind": "cuda", ...}`, so that `nfc.runtime.cuda_model.CudaModel` offers the loader's API.
 Data-parallel collectives (`nf.allreduce`) are refused.
@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nfc import __version__
 from nfc.codegen.artifact.plan import Copy, FuncPlan, Slot, plan_function
 from nfc.codegen.cuda.lower import GpuKernel, GpuProgram, lower_program
 from nfc.codegen.cuda.nvrtc import ARCHS
@@ -52,8 +51,6 @@ STEP_FORMAT = 1
 OFFLOAD_FORMAT = 2
 #: Alignment of a program's temporaries inside its workspace (cudaMalloc's is 256).
 TEMP_ALIGN = 256
-#: Metadata ABI version (nfc.codegen.artifact.assemble.ABI_VERSION, what the loader checks).
-ABI_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -227,10 +224,6 @@ def _launches(n: int, prog: GpuProgram, slots: Sequence[Slot], ws: Slot | None,
             for k in prog.kernels]
 
 
-def _tensor_json(name: str, t: Any, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "shape": list(t.shape), "dtype": str(t.dtype), **extra}
-
-
 def build_cuda_step(module: Module, functions: Sequence[str] | None = None,
                     schedule_for: ScheduleFor | None = None,
                     offload: bool | OffloadOptions | None = None) -> CudaStep:
@@ -238,9 +231,12 @@ def build_cuda_step(module: Module, functions: Sequence[str] | None = None,
     module doc. What the backend cannot compile is a CompileError at its location.
     `offload`: True (the h100/pcie5 plan, `OffloadOptions()`) or options offload saved
     activations of the functions with a backward pass (nfc.codegen.cuda.offload)."""
-    from nfc.codegen.artifact.assemble import _flops_bytes, _json_attrs, persistent_tensors
-    from nfc.codegen.artifact.initgen import GENERATOR, GENERATOR_VERSION
-    from nfc.codegen.artifact.layouts import tensor_views
+    from nfc.codegen.artifact.metadata import (
+        function_json,
+        kernel_json,
+        model_json,
+        persistent_tensors,
+    )
 
     opts = OffloadOptions() if offload is True else (offload or None)
     funcs = [module.func(n) for n in functions] if functions else [
@@ -289,40 +285,20 @@ def build_cuda_step(module: Module, functions: Sequence[str] | None = None,
             first.append(len(launches))
             launches += new
             last.append(len(launches) - 1)
-            flops, nbytes = _flops_bytes(op)
-            for x in new:
-                kmeta.append({"symbol": x.symbol, "label": call.label, "flops": flops,
-                              "bytes": nbytes})
-                flops = nbytes = 0  # the op's cost on its first kernel
-        args = [_tensor_json(a.name, a.type, role=a.role) for a in plan.args]
-        results = [_tensor_json(r.name, r.type, inplace=r.inplace, out=r.out)
-                   for r in plan.results]
+            kmeta += [kernel_json(x.symbol, call.label, op if i == 0 else None)
+                      for i, x in enumerate(new)]  # the op's cost on its first kernel
         moved = [o.at_launches(first, last) for o in moved]
+        fmeta[f.name] = function_json(f.name, plan, kmeta, **({"offload": {
+            "values": len(moved), "bytes": sum(o.nbytes for o in moved),
+            "arena_without": arena_without}} if moved else {}))
         cfuncs[f.name] = CudaFunc(f.name, launches, list(plan.copies), plan.memory.peak,
-                                  args, results, moved, plan)
-        fmeta[f.name] = {"symbol": f"nfc_{f.name}", "args": args, "results": results,
-                         "arena_bytes": plan.memory.peak, "naive_bytes": plan.memory.naive,
-                         "kernels": kmeta, "copies": len(plan.copies)}
-        if moved:
-            fmeta[f.name]["offload"] = {"values": len(moved),
-                                        "bytes": sum(o.nbytes for o in moved),
-                                        "arena_without": arena_without}
+                                  fmeta[f.name]["args"], fmeta[f.name]["results"], moved,
+                                  plan)
     source = render_kernels(list(kernels.values()),
                             f"{module.name}: {len(kernels)} kernels of "
                             f"{', '.join(cfuncs)}")
-    meta: dict[str, Any] = {
-        "abi_version": ABI_VERSION, "nfc_version": __version__, "model": module.name,
-        "target": {"kind": "cuda", "archs": list(ARCHS)},
-        "profile": False,
-        "tensors": [_tensor_json(t.name, t.type, role=t.role, init=t.init,
-                                 trainable=t.trainable,
-                                 **({"layout": t.layout} if t.layout is not None else {}))
-                    for t in tensors],
-        **({"views": views} if (views := tensor_views(tensors)) else {}),
-        "init": {"symbol": None, "generator": GENERATOR, "version": GENERATOR_VERSION},
-        "functions": fmeta,
-        "attributes": _json_attrs(module.attrs),
-    }
+    meta = model_json(module, tensors, fmeta, profile=False, init_symbol=None,
+                      target={"kind": "cuda", "archs": list(ARCHS)})
     return CudaStep(source, cfuncs, meta, kernels)
 
 
