@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nfc.blocked import is_blocked, pack, unpack
+
 if TYPE_CHECKING:
     from nfc.codegen.artifact.container import Sealed
 
@@ -443,8 +445,10 @@ class Model:
     def named_tensors(self) -> dict[str, np.ndarray]:
         """The persistent tensors by the names an unfused build gives them: `tensors`, except
         that a tensor laid out by `parallel-fusion{layout=true}` (metadata `views`) appears
-        as its parts, each a (strided) numpy view of the buffer, so writes go into it. The
-        same as `tensors` for a build without layout."""
+        as its parts, each a (strided) numpy view of the buffer, so writes go into it. A
+        tensor stored blocked by the `layout` pass (a view with `kind = "blocked"`) appears
+        by its own name in its logical shape, as a read-only unpacked copy (use
+        `load_state_dict` to write it). The same as `tensors` for a build without layout."""
         views = self.metadata.get("views") or []
         if not views:
             return dict(self.tensors)
@@ -457,6 +461,11 @@ class Model:
                 out[name] = arr
                 continue
             for v in by_parent[name]:
+                if is_blocked(v):  # stored blocked (the layout pass): a read-only copy
+                    a = unpack(arr, v)
+                    a.flags.writeable = False
+                    out[str(v["name"])] = a
+                    continue
                 axis, off, shape = int(v["axis"]), int(v["offset"]), tuple(v["shape"])
                 sl = tuple(slice(off, off + shape[axis]) if k == axis else slice(None)
                            for k in range(arr.ndim))
@@ -469,7 +478,9 @@ class Model:
         out: dict[str, TensorSpec] = {}
         for name, arr in self.named_tensors().items():
             s = specs.get(name)
-            if s is None:
+            if s is not None and tuple(s.shape) != tuple(arr.shape):  # stored blocked
+                s = TensorSpec(name, tuple(arr.shape), arr.dtype, s.role)
+            elif s is None:
                 parent = next(str(v["parent"]) for v in self.metadata["views"]
                               if v["name"] == name)
                 s = TensorSpec(name, tuple(arr.shape), arr.dtype, specs[parent].role)
@@ -490,8 +501,14 @@ class Model:
         missing = sorted(set(targets) - set(arrays))
         if missing:
             raise ArtifactError(f"state is missing tensor(s) {', '.join(missing)}")
+        blocked = {str(v["name"]): v for v in self.metadata.get("views") or []
+                   if is_blocked(v)}
         for name, dst in targets.items():
             src = np.asarray(arrays[name])
+            if name in blocked:  # stored blocked: the logical form packed, or the buffer's
+                dst = self.tensors[name]
+                if src.shape == tuple(blocked[name]["shape"]) != dst.shape:
+                    src = pack(src, blocked[name])
             if src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ArtifactError(f"tensor '{name}' must be {dst.dtype}{list(dst.shape)}, "
                                     f"got {src.dtype}{list(src.shape)}")

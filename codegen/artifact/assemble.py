@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nfc.blocked import blocked_index_map, is_blocked
 from nfc.codegen.artifact.collective import (
     COLLECTIVE_PREFIX,
     NO_LOOPS,
@@ -481,6 +482,11 @@ def _emit_init(llmod, tensors: Sequence[TensorInfo]) -> None:
         try:
             if t.layout is None:
                 emit_init_loop(b, llmod, p, t.name, t.init, t.type.shape, t.type.dtype, seed)
+                continue
+            if is_blocked(t.layout):  # the layout pass: the logical tensor drawn, stored blocked
+                lay = t.layout
+                emit_init_loop(b, llmod, p, t.name, t.init, tuple(lay["shape"]), t.type.dtype,
+                               seed, perm=blocked_index_map(lay))
                 continue
             axis = int(t.layout["axis"])
             for name, init, shape, off, size in layout_parts(t.type.shape, t.layout):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nfc.blocked import is_blocked, pack
 from nfc.ir import DType
 from nfc.philox import philox4x32
 
@@ -138,7 +139,8 @@ def reference_init(name: str, init: str, shape: tuple[int, ...], dtype: DType,
 
 
 def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...], dtype: DType,
-                   seed, view: tuple[int, int, int] | None = None) -> None:
+                   seed, view: tuple[int, int, int] | None = None,
+                   perm: list[tuple[int, int, int, int]] | None = None) -> None:
     """Emit, at `b`'s position, code filling the tensor at `ptr` (llvmlite values; `seed` is
     an i64): a call of one of a few generic fill functions of the module (`_helper`), with
     this tensor's size, key and parameters as arguments. One loop per tensor, specialised to
@@ -147,7 +149,9 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
 
     `view = (inner, row, base)` fills a part of a laid-out parameter (`part_view`): element
     `i` of the part goes to element `base + (i // inner) * row + i % inner` of the buffer at
-    `ptr`, drawn exactly as the part alone would be."""
+    `ptr`, drawn exactly as the part alone would be. `perm` (`nfc.blocked.blocked_index_map`)
+    stores element `i` of the logical tensor where a blocked layout (the `layout` pass) keeps
+    it, drawn exactly as the logical tensor would be."""
     from llvmlite import ir
 
     from nfc.codegen.llvm import intrinsics
@@ -160,10 +164,11 @@ def emit_init_loop(b, module, ptr, name: str, init: str, shape: tuple[int, ...],
         return
     n = ir.Constant(intrinsics.I64, size)
     extra: list = []
-    strided = view is not None and view[0] != view[1]
+    strided: bool | tuple[tuple[int, int, int, int], ...] = (
+        tuple(perm) if perm is not None else view is not None and view[0] != view[1])
     if view is not None:
         ptr = b.gep(ptr, [ir.Constant(intrinsics.I64, view[2])], source_etype=et)
-        if strided:
+        if strided is True:
             extra = [ir.Constant(intrinsics.I64, view[0]), ir.Constant(intrinsics.I64, view[1])]
     if spec.kind == "fill":
         if dtype in (DType.F16, DType.BF16):  # stored as 16-bit patterns
@@ -195,23 +200,27 @@ def _half_bits(value: float, dtype: DType) -> int:
 
 
 def _helper(module, kind: str, et, dtype: DType | None = None,
-            strided: bool = False):  # -> ir.Function
+            strided: bool | tuple[tuple[int, int, int, int], ...] = False):  # -> ir.Function
     """The module's internal, never inlined `void nfc_init_<kind>_<type>(ptr, i64 n, ...)`:
     fill (value), uniform (key, lo, hi - lo) or normal (key, mean, std) of n elements;
     `strided`: two more arguments `inner, row`, element i stored at
-    `(i / inner) * row + i % inner`."""
+    `(i / inner) * row + i % inner`; a tuple of `nfc.blocked.blocked_index_map` terms: a
+    helper of its own storing element i where that blocked layout keeps it."""
     from llvmlite import ir
 
     from nfc.codegen.llvm import intrinsics
     from nfc.codegen.llvm.emitter import set_attributes
 
-    fname = f"nfc_init_{kind}_{dtype or et}" + ("_strided" if strided else "")
+    fname = f"nfc_init_{kind}_{dtype or et}" + (
+        "_strided" if strided is True else
+        "_blocked_" + "_".join(f"{d}x{m}x{q}x{st}".replace("-", "m")
+                               for d, m, q, st in strided) if strided else "")
     fn = module.globals.get(fname)
     if fn is not None:
         return fn
     i64, f64 = intrinsics.I64, intrinsics.F64
     args = [ir.PointerType(), i64] + ([et] if kind == "fill" else [i64, f64, f64]) + (
-        [i64, i64] if strided else [])
+        [i64, i64] if strided is True else [])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=fname)
     fn.linkage = "internal"
     set_attributes(fn, ("nounwind", "noinline"))
@@ -249,9 +258,17 @@ def _helper(module, kind: str, et, dtype: DType | None = None,
         else:
             val = d if et == intrinsics.F64 else b.fptrunc(d, et)
     at: ir.Value = i
-    if strided:
+    if strided is True:
         inner, row = fn.args[-2], fn.args[-1]
         at = b.add(b.mul(b.udiv(i, inner), row), b.urem(i, inner))
+    elif strided:
+        def c(v: int):
+            return ir.Constant(i64, v)
+        at = c(0)
+        for div, mod, q, stride in strided:
+            digit = b.urem(b.udiv(i, c(div)), c(mod))
+            digit = b.udiv(digit, c(q)) if q > 0 else b.urem(digit, c(-q))
+            at = b.add(at, b.mul(digit, c(stride)))
     b.store(val, b.gep(ptr, [at], source_etype=et))
     nxt = b.add(i, ir.Constant(intrinsics.I64, 1))
     i.add_incoming(nxt, loop)
@@ -294,7 +311,13 @@ def layout_parts(shape: tuple[int, ...], layout: dict) -> list[tuple[str, str, t
 def reference_init_layout(layout: dict, shape: tuple[int, ...], dtype: DType,
                           seed: int) -> np.ndarray:
     """A laid-out parameter as the generator fills it: every part drawn by its own name and
-    initializer (`reference_init`), so it equals the unfused parts."""
+    initializer (`reference_init`), so it equals the unfused parts; a blocked one (the
+    `layout` pass, with its `name` and `init` as the metadata gives them) drawn logical and
+    packed."""
+    if is_blocked(layout):
+        logical = reference_init(str(layout["name"]), str(layout["init"]),
+                                 tuple(int(n) for n in layout["shape"]), dtype, seed)
+        return pack(logical, layout).reshape(shape)
     out = np.empty(shape, dtype=dtype.numpy)
     axis = int(layout["axis"])
     for name, init, pshape, off, size in layout_parts(shape, layout):

@@ -235,11 +235,15 @@ def _laid_out_inputs(f: Any, g: Any, inputs: list[Any]) -> list[Any] | None:
     when `g`'s arguments cannot be made so."""
     import numpy as np
 
+    from nfc.blocked import is_blocked, pack
+
     by_name = {a.name: x for a, x in zip(f.args, inputs, strict=True)}
     out = []
     for a, attrs in zip(g.args, g.arg_attrs, strict=True):
         lay = attrs.get("nf.layout")
-        if isinstance(lay, dict) and all(p in by_name for p in lay.get("parts", ())):
+        if is_blocked(lay) and a.name in by_name:  # the layout pass: the input packed
+            x = pack(by_name[a.name], lay)  # type: ignore[arg-type]
+        elif isinstance(lay, dict) and all(p in by_name for p in lay.get("parts", ())):
             x = np.concatenate([by_name[p] for p in lay["parts"]], axis=int(lay["axis"]))
         elif a.name in by_name:
             x = by_name[a.name]
