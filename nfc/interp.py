@@ -87,10 +87,11 @@ def _numpy_dtype(k: Kind) -> np.dtype:
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
+    shape = np.shape(x)  # ascontiguousarray makes a 0-d array 1-d
     x = np.ascontiguousarray(x, dtype=np.float32)
     u = x.view(np.uint32).astype(np.uint64)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), x, r).reshape(x.shape)
+    return np.where(np.isnan(x), x, r).reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------

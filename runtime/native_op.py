@@ -33,6 +33,13 @@ must have exactly the compiled dtype and be C-contiguous: anything else is an `O
 naming the argument, unless `copy=True` (then a C-contiguous copy is made; never a silent
 dtype conversion). Results are written into the `out` arrays when given (zero-copy into
 memory another framework owns), else into fresh numpy arrays.
+
+**16-bit floats.** f16 arrays are numpy `float16`, bf16 arrays `ml_dtypes.bfloat16` (what JAX
+hands a callback; nfc.torch views a bfloat16 tensor's bits, which DLPack cannot carry as
+bf16, as such an array). An op whose signature admits them (a dtype variable `T`, or `f16` /
+`bf16` spelled out) compiles for them like any other dtype: tensors are stored in 16 bits,
+arithmetic runs in f32 and rounds at every store (docs/codegen.md, "16-bit floats"). The
+vjp of a 16-bit op is computed the same way, so its gradients are rounded to the format too.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 import nfc.std
@@ -64,10 +72,12 @@ from nfc.ir import Axis, Binary, ComputeOp, DType, Func, Index, Load, Loc, Tenso
 #: The standard library, also reachable as `source="std.nn"`.
 STD_NN = Path(nfc.std.__file__).parent / "nn.nf"
 
-#: numpy dtypes the CPU backend compiles (f16/bf16: not yet, docs/runtime.md).
+#: numpy dtypes the CPU backend compiles: bf16 is `ml_dtypes.bfloat16` (two bytes, as the
+#: library stores it), f16 numpy's `float16` (docs/codegen.md, "16-bit floats").
 NUMPY_DTYPES: dict[np.dtype, DType] = {np.dtype(n): d for n, d in (
-    ("float32", DType.F32), ("float64", DType.F64), ("int32", DType.I32),
-    ("int64", DType.I64), ("bool", DType.I1))}
+    ("float32", DType.F32), ("float64", DType.F64), ("float16", DType.F16),
+    ("int32", DType.I32), ("int64", DType.I64), ("bool", DType.I1))}
+NUMPY_DTYPES[np.dtype(ml_dtypes.bfloat16)] = DType.BF16
 
 Size = Any
 """A dimension: an int, or a symbolic size (torch.SymInt) while tracing."""
@@ -93,10 +103,8 @@ def dtype_of(arr: np.ndarray, what: str) -> DType:
     """The IR dtype of a numpy array, or an OpError for a dtype nfc does not compile."""
     dt = NUMPY_DTYPES.get(arr.dtype)
     if dt is None:
-        hint = (" (f16/bf16 are not supported by the CPU backend yet)"
-                if arr.dtype.name in ("float16", "bfloat16") else "")
         raise OpError(f"{what} has dtype {arr.dtype.name}, which nfc does not compile; use "
-                      f"one of {', '.join(d.name for d in NUMPY_DTYPES)}{hint}")
+                      f"one of {', '.join(d.name for d in NUMPY_DTYPES)}")
     return dt
 
 

@@ -9,9 +9,11 @@ The op runs on the host through `jax.pure_callback` (result shapes from the `.nf
 so `jax.jit` traces it), and `jax.custom_vjp` gives it nfc's derived backward
 (nfc.runtime.native_op: the vector-Jacobian product compiled per argument types). Under
 `jax.vmap` the callback runs once per batch element (`vmap_method="sequential"`). Arrays
-reach the native code as the numpy arrays the callback receives (copied only when not
-C-contiguous). JAX is imported here and nowhere else in nfc; docs/torch.md describes the
-shared machinery.
+reach the native code as numpy views of what the callback receives (copied only when not
+C-contiguous). float16 and bfloat16 arrays are taken like the others where the op's
+signature admits them (computed in f32, stored in 16 bits: docs/codegen.md, "16-bit
+floats"), and so are their cotangents. JAX is imported here and nowhere else in nfc;
+docs/torch.md describes the shared machinery.
 """
 
 from __future__ import annotations
@@ -76,8 +78,8 @@ class JaxOp:
     def _forward(self, *args: Any) -> Any:
         shapes = self._results(args)
 
-        def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-            return tuple(self.native(*arrays, copy=True))
+        def host(*arrays: Any) -> tuple[np.ndarray, ...]:
+            return tuple(self.native(*_host_arrays(arrays), copy=True))
 
         outs = jax.pure_callback(host, tuple(shapes), *args, vmap_method="sequential")
         return outs[0] if self.single else tuple(outs)
@@ -88,8 +90,9 @@ class JaxOp:
         wrt = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
         grads_in = [cts[i] for i in floats]
 
-        def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        def host(*arrays: Any) -> tuple[np.ndarray, ...]:
             n = len(args)
+            arrays = _host_arrays(arrays)
             return tuple(self.native.vjp(arrays[:n], arrays[n:], wrt, copy=True))
 
         shapes = tuple(jax.ShapeDtypeStruct(args[i].shape, args[i].dtype) for i in wrt)
@@ -98,6 +101,13 @@ class JaxOp:
         # integer inputs take float0 cotangents (JAX's "no gradient")
         return tuple(next(got) if i in wrt else np.zeros(a.shape, jax.dtypes.float0)
                      for i, a in enumerate(args))
+
+
+def _host_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
+    """A callback's arguments as numpy arrays. JAX may hand over its own CPU arrays, whose
+    bf16 DLPack cannot carry: `np.asarray` gives the `ml_dtypes.bfloat16` array (and shares
+    the memory of the others)."""
+    return [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
 
 
 def load_op(source: str | Path, name: str, params: Mapping[str, Any] | None = None, *,

@@ -14,7 +14,9 @@ OpSignature.result_types), symbolic sizes included: `torch.compile(fullgraph=Tru
 them without a graph break, with static or dynamic shapes.
 
 Tensors go to the native code by DLPack, without a copy: inputs must be CPU tensors of a dtype
-nfc compiles (float32, float64, int32, int64, bool) and contiguous, or the call raises
+nfc compiles (float32, float64, float16, bfloat16, int32, int64, bool; a bfloat16 tensor
+travels as its 16-bit pattern, since DLPack has no bf16 numpy can read) and contiguous, or
+the call raises
 `OpError` naming the argument. `load_op(..., copy=True)` instead copies non-contiguous inputs
 (explicitly, once per call). Upstream gradients are made contiguous in the backward (PyTorch
 often hands over expanded, stride-0 ones; that copy is the one the backward makes). Results
@@ -29,16 +31,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from nfc.ir import DType
-from nfc.runtime.native_op import NativeOp, OpError
+from nfc.runtime.native_op import NativeOp, OpError, as_array
 
-#: Tensor dtypes nfc compiles; f16/bf16 are refused by the CPU backend (docs/runtime.md).
+#: Tensor dtypes nfc compiles (16-bit floats: docs/codegen.md, "16-bit floats").
 TORCH_DTYPES: dict[torch.dtype, DType] = {
-    torch.float32: DType.F32, torch.float64: DType.F64, torch.int32: DType.I32,
-    torch.int64: DType.I64, torch.bool: DType.I1}
+    torch.float32: DType.F32, torch.float64: DType.F64, torch.float16: DType.F16,
+    torch.bfloat16: DType.BF16, torch.int32: DType.I32, torch.int64: DType.I64,
+    torch.bool: DType.I1}
 _FROM_IR = {v: k for k, v in TORCH_DTYPES.items()}
 
 #: One TorchOp per (file content, op, parameters, options): a custom op is registered once.
@@ -48,11 +52,18 @@ _LOADED: dict[str, TorchOp] = {}
 def _ir_dtype(t: torch.Tensor, what: str) -> DType:
     dt = TORCH_DTYPES.get(t.dtype)
     if dt is None:
-        hint = (" (f16/bf16 are not supported by nfc's CPU backend yet)"
-                if t.dtype in (torch.float16, torch.bfloat16) else "")
         raise OpError(f"{what} has dtype {t.dtype}, which nfc does not compile; use "
-                      f"torch.float32, float64, int32, int64 or bool{hint}")
+                      f"torch.float32, float64, float16, bfloat16, int32, int64 or bool")
     return dt
+
+
+def _numpy(t: torch.Tensor, what: str) -> np.ndarray:
+    """`t` as a numpy array sharing its memory (DLPack). DLPack's bf16 is not one numpy
+    reads, so a bfloat16 tensor goes as its bits (int16) and is viewed as
+    `ml_dtypes.bfloat16`, the array type nfc's bf16 functions take."""
+    if t.dtype == torch.bfloat16:
+        return as_array(t.view(torch.int16), what).view(ml_dtypes.bfloat16)
+    return as_array(t, what)
 
 
 class TorchOp:
@@ -100,8 +111,9 @@ class TorchOp:
                 raise OpError(f"{what} is on {t.device}; nfc.torch runs CPU tensors only")
             _ir_dtype(t, what)
         # detach: a view without autograd history (DLPack refuses tensors requiring grad)
-        return self.native.check_arrays([t.detach() for t in tensors], copy=self.copy,
-                                        names=names)
+        return self.native.check_arrays(
+            [_numpy(t.detach(), f"{self.native.name}: argument '{n}'")
+             for t, n in zip(tensors, names, strict=True)], copy=self.copy, names=names)
 
     def _result_types(self, tensors: Sequence[torch.Tensor]) -> list[tuple[tuple[Any, ...],
                                                                           DType]]:
@@ -117,7 +129,7 @@ class TorchOp:
         fn = self.native.forward_function(types)
         outs = [torch.empty(shape, dtype=_FROM_IR[dt])
                 for shape, dt in self._result_types(tensors)]
-        self.native.run(fn, arrays, [np.from_dlpack(o) for o in outs])
+        self.native.run(fn, arrays, [_numpy(o, 'result') for o in outs])
         return outs[0] if self.single else tuple(outs)
 
     def _forward_fake(self, *tensors: torch.Tensor) -> Any:
@@ -153,7 +165,7 @@ class TorchOp:
         gs = self._arrays(grads, names)
         index = tuple(i for i, w in enumerate(wrt) if w)
         outs = [torch.empty(inputs[i].shape, dtype=inputs[i].dtype) for i in index]
-        self.native.vjp(arrays, gs, index, out=[np.from_dlpack(o) for o in outs])
+        self.native.vjp(arrays, gs, index, out=[_numpy(o, 'gradient') for o in outs])
         return outs
 
     def _backward_fake(self, inputs: list[torch.Tensor], grads: list[torch.Tensor],
@@ -177,11 +189,15 @@ def load_op(source: str | Path, name: str, params: Mapping[str, Any] | None = No
     from nfc's tuning cache; `fuse`: run the fusion pass (both as `nfc compile`). Loading the
     same op again returns the same object; an op whose file changed is a new operator.
     """
+    from nfc.codegen.cpu import host_target
+
     native = NativeOp(source, name, params, search_paths=search_paths, tuning=tuning, fuse=fuse)
     h = hashlib.sha256()
+    # the target too: code built for other CPU features (NFC_CPU_FEATURES) is another op
     for part in (str(native.path.resolve()), native.path.read_bytes().hex(), name,
                  repr(sorted((k, repr(v)) for k, v in native.signature.cvals.items())),
-                 repr(list(search_paths or [])), repr((copy, tuning, fuse))):
+                 repr(list(search_paths or [])), repr((copy, tuning, fuse)),
+                 host_target().key()):
         h.update(part.encode())
         h.update(b"\0")
     key = h.hexdigest()[:12]
