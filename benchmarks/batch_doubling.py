@@ -9,8 +9,9 @@ Builds the model's train_step library at `--batch` with the default pipeline and
 places them), initialises all of them from the same seed, runs `--steps` SGD steps on the same
 inputs, and compares every parameter and optimizer state of each option with the default
 build's bit for bit (recomputation and exact masks change where values live, not what is
-computed; compiled, a different grouping of the kernels can still round differently: the
-largest relative difference is printed). Then times a step of each in alternating rounds
+computed; the build schedules the option's float sums as the build without it does,
+nfc.runtime.sum_orders, whose one-line summary is printed; a difference that remains is
+printed with its largest relative size). Then times a step of each in alternating rounds
 (A B, A B, ...) on one thread and prints the median step time, the ratio to the default
 build's and each build's planned peak.
 Exit 1 when a parameter of an `--option` build differs. `--im2col PASS` adds a build with
@@ -42,7 +43,10 @@ def build(path: str, batch: int, middle: str, out: Path, tag: str, first: str = 
 
     base = BASE.replace("im2col", first, 1)
     pipeline = ",".join(p for p in (base, middle, REST) if p)
-    module, _ = build_module(path, {"batch": batch}, {}, pipeline)
+    module, ctx = build_module(path, {"batch": batch}, {}, pipeline)
+    if "sum-orders" in ctx.remarks:  # the option's float sums, scheduled as without it
+        print(f"{Path(path).name} batch {batch} {middle}: {ctx.remarks['sum-orders']}",
+              flush=True)
     built = build_library(module, str(out / f"{Path(path).stem}-{tag}.so"),
                           use_cache=False, functions=["train_step"])
     m = load(built.path)

@@ -59,6 +59,7 @@ change its rounding. The pass runs on functions that have a backward pass (`nf.p
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -138,6 +139,19 @@ def _cheap_forward(v: Value) -> ComputeOp | None:
     return None
 
 
+#: A recomputed value -> the value it recomputes (`recomputed_from`).
+_RECOMPUTES: weakref.WeakKeyDictionary[Value, Value] = weakref.WeakKeyDictionary()
+
+
+def recomputed_from(v: Value) -> Value:
+    """The value a clone made by this pass recomputes (through clones of clones); `v` itself
+    when it is none: nfc.runtime.sum_orders schedules a recomputed float sum as the sum it
+    recomputes is scheduled in the build without `remat`."""
+    while v in _RECOMPUTES:
+        v = _RECOMPUTES[v]
+    return v
+
+
 def _clone_before(func: Func, op: ComputeOp, first: Op, clones: dict[int, Value],
                   at: dict[int, int], depth: int) -> list[ComputeOp]:
     """Clones of `op` inserted before `first` (phase backward, `nf.remat`), the last one
@@ -160,6 +174,7 @@ def _clone_before(func: Func, op: ComputeOp, first: Op, clones: dict[int, Value]
     assert isinstance(clone, ComputeOp)
     clone.attrs["nf.phase"] = "backward"
     clone.attrs["nf.remat"] = True
+    _RECOMPUTES[clone.result] = op.result
     if op.result.name:
         clone.result.name = f"{op.result.name}_r"
     func.body.insert_before(clone, first)

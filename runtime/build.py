@@ -178,7 +178,10 @@ def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
     source). The pipeline is checked before the frontend runs; the pass manager verifies the
     module after every pass (unless `verify` is False), prints the IR after the passes
     `print_ir_after` names (True: all) to `stream` (stderr), and adds the frontend's and each
-    pass's time to `timings` (a nfc.passmanager.Timings) when given."""
+    pass's time to `timings` (a nfc.passmanager.Timings) when given. A pipeline with passes
+    that trade memory (`remat`, `compress-activations`) also builds the module without them
+    and schedules every float sum as that build does (nfc.runtime.sum_orders; summary in
+    `ctx.remarks["sum-orders"]`), so the options do not change the rounding."""
     from nfc.passmanager import Context, PassManager, Timings, build_pipeline
 
     passes = build_pipeline(pipeline_for(source) if pipeline is None else pipeline)
@@ -194,9 +197,30 @@ def build_module(source: str | Path, params: Mapping[str, Any] | None = None,
         ctx.memory_model = artifact_memory_model(passes[trading[0] + 1:], module.name,
                                                  module.attrs, context=ctx)
     ctx.device_params = device_params_for(passes)
-    pm = PassManager(passes, verify=verify, print_ir_after=print_ir_after, stream=stream)
-    pm.timings = timings
-    pm.run(module, ctx)
+
+    def run(part: Sequence[Any]) -> None:
+        pm = PassManager(part, verify=verify, print_ir_after=print_ir_after, stream=stream)
+        pm.timings = timings
+        pm.run(module, ctx)
+
+    if not trading:
+        run(passes)
+        return module, ctx
+    # memory options change where values live, not how a float sum adds: the option's sums
+    # are scheduled as in the build without them (nfc.runtime.sum_orders)
+    from nfc.codegen.cpu import host_target
+    from nfc.runtime.sum_orders import force_orders, reference_orders, run_reference
+
+    run(passes[:trading[0]])
+    t0 = time.perf_counter()
+    ref, tracker, ref_tracker = run_reference(module, passes[trading[0]:], ctx)
+    timings.add("sum-orders (reference build)", time.perf_counter() - t0)
+    run(passes[trading[0]:])
+    t0 = time.perf_counter()
+    target = host_target()
+    report = force_orders(module, tracker, reference_orders(ref, ref_tracker, target), target)
+    ctx.remarks["sum-orders"] = report.message()
+    timings.add("sum-orders", time.perf_counter() - t0)
     return module, ctx
 
 
