@@ -15,7 +15,7 @@ from typing import Any
 
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import Pack, Schedule, Split
-from nfc.contraction import match_contraction, plain_names
+from nfc.contraction import GatherView, match_contraction, plain_names
 from nfc.ir import ComputeOp, DType
 
 __all__ = ["GEMM_DEFAULTS", "GEMM_PARAMS", "PACK_B_TILES", "GemmPattern", "GemmSpace",
@@ -178,7 +178,7 @@ class GemmSpace:
         return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku,
                 "pack_a": 1 if m >= 2 * mr and self.kk >= 64 and not swap else 0,
                 "pack_b": 1 if tiles > PACK_B_TILES or not self._rows_contiguous(p) or (
-                    self._mixed()) else 0,
+                    self._mixed()) or isinstance(self.op.operands[p.b], GatherView) else 0,
                 "swap": 1 if swap else 0, "parallel": 1 if parallel else 0}
 
     def _mixed(self) -> bool:

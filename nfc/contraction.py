@@ -20,17 +20,74 @@ run flattened, n = the `j` run, k = the `k` run) accumulated over `kouter`. `fla
 that view: the same compute over merged axes and reshaped operands, which the code generator
 lowers with its GEMM template and the fusion pass protects. A convolution becomes one once its
 input is gathered into columns (nfc.passes.im2col): forward, weight and input gradients alike.
+
+With `implicit=True` (the CPU code generator asks for it), in a compute marked `nf.implicit`
+(nfc.passes.im2col marks the GEMMs it substitutes implicit columns into; other direct
+convolutions keep the loop template), one factor may instead be a *gather*:
+an elementwise expression of loads through affine indices, such as a convolution's window read
+`select(guard, %x[n, c, 2*i + r - 1, 2*j + s - 1], 0.0)`. It is matched as a load of a virtual
+operand, a `GatherView` whose dimensions are the axes it reads, ordered as nfc.passes.im2col
+orders its columns (output axes the other factor also reads, the gather's own output axes
+outside their longest run, the reduction axes in the other factor's order, that run), whose
+element is the expression: the im2col columns, never materialised (an `nf.implicit` attribute
+listing the axes in another order, as nfc.passes.im2col leaves on the GEMMs it substitutes
+columns into, gives the order: theirs). The code generator packs
+its GEMM panels straight from the image (nfc.codegen.lowering.packing) or, unpacked, reads the
+expression in place.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nfc.ir import Axis, Binary, Cast, ComputeOp, Const, DType, Expr, Index, Load, TensorType, Value
+from nfc.ir import (
+    Axis,
+    Binary,
+    Cast,
+    ComputeOp,
+    Const,
+    DType,
+    Expr,
+    Index,
+    Load,
+    TensorType,
+    Value,
+    index_names,
+    substitute_indices,
+)
 
-__all__ = ["Contraction", "FlatContraction", "flatten", "longest_run", "match_contraction",
-           "plain_names", "widened_load"]
+__all__ = ["Contraction", "FlatContraction", "GatherView", "flatten", "gather_views",
+           "longest_run", "match_contraction", "plain_names", "squeezed_names",
+           "widened_load"]
+
+
+class GatherView(Value):
+    """A virtual operand of an implicit contraction (module docstring): element
+    `[names...]` is `expr`, an elementwise expression over the axis names `names` (the view's
+    dimensions, in order). Never stored: the code generator evaluates `element` where it would
+    load, in the fill of its panels or in place."""
+
+    __slots__ = ("expr", "inner", "names")
+
+    def __init__(self, type: TensorType, names: Sequence[str], expr: Expr,
+                 name: str | None = None, inner: Sequence[int] | None = None) -> None:
+        super().__init__(type, name)
+        self.names = tuple(names)
+        self.expr = expr
+        self.inner = tuple(inner) if inner is not None else type.shape
+        """Per dimension, the extent of the innermost axis merged into it (a dimension
+        `gn` of the runs `[i, j]` is split as `gn // J`, `gn % J`: J), else its extent."""
+
+    def element(self, indices: Sequence[Expr]) -> Expr:
+        """The expression of the element at `indices` (one per dimension)."""
+        return substitute_indices(self.expr, dict(zip(self.names, indices, strict=True)))
+
+
+def gather_views(op: ComputeOp) -> list[GatherView]:
+    """The virtual operands `op` reads (those of a flattened implicit contraction)."""
+    return [v for v in op.operands if isinstance(v, GatherView)]
 
 
 @dataclass(frozen=True)
@@ -79,6 +136,14 @@ def _squeeze_names(e: Expr) -> tuple[list[str], bool] | None:
     return (names, squeezed) if len(set(names)) == len(names) else None
 
 
+def squeezed_names(e: Expr) -> list[str] | None:
+    """The axis names of a load indexed by distinct plain axes, dimensions of extent 1 indexed
+    by the constant 0 skipped (a 1-channel convolution's weight after canonicalization,
+    `%k[o, 0, r, s]`), else None."""
+    sq = _squeeze_names(e)
+    return None if sq is None else sq[0]
+
+
 def widened_load(e: Expr) -> Expr:
     """The load of a 16-bit float tensor widened by a cast (`cast<f32>(%a16[i, k])`, the
     operands nfc.passes.precision gives a contraction: f32 accumulation of f16/bf16 data),
@@ -117,8 +182,10 @@ def longest_run(seq: list[str], members: set[str], other: list[str] | None = Non
     return best
 
 
-def match_contraction(op: ComputeOp) -> Contraction | None:
-    """The roles of `op`'s axes when it is a contraction (module docstring), else None."""
+def match_contraction(op: ComputeOp, *, implicit: bool = False) -> Contraction | None:
+    """The roles of `op`'s axes when it is a contraction (module docstring), else None. With
+    `implicit`, one factor of a compute marked `nf.implicit` may be a gather (matched as a
+    load of a `GatherView`)."""
     if op.reduce != "sum" or not op.dims or not op.raxes:
         return None
     body = op.body
@@ -126,6 +193,16 @@ def match_contraction(op: ComputeOp) -> Contraction | None:
         return None
     la, lb = widened_load(body.a), widened_load(body.b)
     sqa, sqb = _squeeze_names(la), _squeeze_names(lb)
+    if implicit and (sqa is None) != (sqb is None) and op.attrs.get("nf.implicit"):
+        gather, other = (body.a, lb) if sqa is None else (body.b, la)
+        view = _gather_view(op, gather, other)
+        if view is None:
+            return None
+        names = (list(view.tensor.names), False)  # type: ignore[attr-defined]
+        if sqa is None:
+            la, sqa = view, names
+        else:
+            lb, sqb = view, names
     if sqa is None or sqb is None:
         return None
     (na, qa), (nb, qb) = sqa, sqb
@@ -160,6 +237,43 @@ def match_contraction(op: ComputeOp) -> Contraction | None:
     return Contraction(la, lb, i, tuple(j), k, kouter, batch, qa or qb)
 
 
+def _gather_view(op: ComputeOp, gather: Expr, other: Expr) -> Load | None:
+    """A plain load of the `GatherView` of factor `gather` (the other factor a plain load
+    `other`), or None when `gather` is no gather: it must read at least one tensor, only
+    through indices over `op`'s axes without loads, and not be `other`'s tensor."""
+    sq = _squeeze_names(other)
+    if sq is None:
+        return None
+    assert isinstance(other, Load)
+    loads = [e for e in gather.walk() if isinstance(e, Load)]
+    if not loads or any(ld.tensor is other.tensor for ld in loads):
+        return None
+    if any(isinstance(x, Load) for ld in loads for ix in ld.indices for x in ix.walk()):
+        return None
+    ext = {a.name: a.extent for a in op.all_axes}
+    names = index_names(gather)
+    if not names <= set(ext):
+        return None
+    wn = sq[0]
+    dims = [a.name for a in op.dims]
+    red = [a.name for a in op.raxes]
+    if any(r not in names for r in red) or any(n not in wn and n not in dims for n in names):
+        return None
+    shared = [d for d in dims if d in names and d in wn]
+    own = [d for d in dims if d in names and d not in wn]
+    run = longest_run(dims, set(own))
+    order = shared + [d for d in own if d not in run] + [r for r in wn if r in red] + list(run)
+    given = op.attrs.get("nf.implicit")  # the order of the columns it replaces (im2col)
+    if isinstance(given, list | tuple) and sorted(given) == sorted(names):
+        order = [str(n) for n in given]
+    if set(order) != names:
+        return None
+    dtype = gather.dtype if isinstance(gather, Cast) else loads[0].tensor.dtype
+    gv = GatherView(TensorType(tuple(ext[n] for n in order), dtype), order, gather,
+                    name=f"{loads[0].tensor.name or 'x'}_view")
+    return Load(gv, tuple(Index(n) for n in order))
+
+
 @dataclass(frozen=True)
 class FlatContraction:
     """A contraction over reshaped views: `op` computes the same elements as the original
@@ -167,6 +281,8 @@ class FlatContraction:
 
     op: ComputeOp
     values: dict[int, Value]
+    """id(original value) -> its view; a gather's view (a `GatherView` operand of `op`) is
+    not in it."""
     names: tuple[str, str, str]
     """The merged axes (m, n, k) of the runs; a run of one axis keeps its name."""
 
@@ -179,11 +295,16 @@ def _fresh(base: str, used: set[str]) -> str:
     return name
 
 
-def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | None:
+def flatten(op: ComputeOp, c: Contraction | None = None, *,
+            implicit: bool = False) -> FlatContraction | None:
     """The view of a contraction whose runs are merged into single axes, or None when `op`
-    is no contraction or already has single-axis runs."""
-    c = c if c is not None else match_contraction(op)
-    if c is None or c.is_gemm:
+    is no contraction or already has single-axis runs and no gather. With `implicit`, a
+    gather factor (module docstring) becomes a `GatherView` of the merged axes, whose element
+    splits them again (`gk` of `[c, r, s]` runs is `c = gk // 9`, `r = gk // 3 % 3`, ...)."""
+    c = c if c is not None else match_contraction(op, implicit=implicit)
+    gathered = c is not None and (isinstance(c.a.tensor, GatherView) or isinstance(
+        c.b.tensor, GatherView))
+    if c is None or (c.is_gemm and not gathered):
         return None
     ext = {a.name: a.extent for a in op.all_axes}
     used = set(ext)
@@ -209,21 +330,37 @@ def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | No
                 out.append(n)
         return out
 
+    split: dict[str, Expr] = {}  # an axis of a merged run as an expression of the run
+    for run, name in merged.items():
+        if len(run) > 1:
+            for t, a in enumerate(run):
+                inner = math.prod(ext[x] for x in run[t + 1:])
+                e: Expr = Index(name) if inner == 1 else Binary("//", Index(name), Const(inner))
+                split[a] = e if t == 0 else Binary("%", e, Const(ext[a]))
+
     def view(ld: Load) -> Load:
         sq = _squeeze_names(ld)
         assert sq is not None
         idx = merge(sq[0])
         v = ld.tensor
-        fv = Value(TensorType(tuple(ext[n] for n in idx), v.dtype), v.name)
+        shape = tuple(ext[n] for n in idx)
+        if isinstance(v, GatherView):
+            runs = {merged[r]: r for r in merged if len(r) > 1}
+            inner = [ext[runs[n][-1]] if n in runs else ext[n] for n in idx]
+            fv: Value = GatherView(TensorType(shape, v.dtype), idx,
+                                   substitute_indices(v.expr, split), v.name, inner)
+        else:
+            fv = Value(TensorType(shape, v.dtype), v.name)
         return Load(fv, tuple(Index(n) for n in idx))
 
     fa, fb = view(c.a), view(c.b)
     body = op.body
     assert isinstance(body, Binary)
     def wrap(orig: Expr, flat: Load) -> Expr:  # keep a widening cast around its load
-        return Cast(orig.dtype, flat) if isinstance(orig, Cast) else flat
+        return Cast(orig.dtype, flat) if widened_load(orig) is not orig and isinstance(
+            orig, Cast) else flat
 
-    if widened_load(body.a) is c.a:
+    if widened_load(body.a) is c.a or widened_load(body.b) is c.b:
         new_body = Binary("*", wrap(body.a, fa), wrap(body.b, fb))
     else:
         new_body = Binary("*", wrap(body.a, fb), wrap(body.b, fa))
@@ -232,6 +369,8 @@ def flatten(op: ComputeOp, c: Contraction | None = None) -> FlatContraction | No
     fop = ComputeOp(TensorType(tuple(ext[d] for d in dims), op.result.dtype),
                     tuple(Axis(d, ext[d]) for d in dims), new_body, reduce="sum",
                     raxes=tuple(Axis(r, ext[r]) for r in red), name=op.result.name)
-    values = {id(op.result): fop.result, id(c.a.tensor): fa.tensor,
-              id(c.b.tensor): fb.tensor}
+    values = {id(op.result): fop.result}
+    for ld, fl in ((c.a, fa), (c.b, fb)):
+        if not isinstance(ld.tensor, GatherView):  # a gather's view has no memory of its own
+            values[id(ld.tensor)] = fl.tensor
     return FlatContraction(fop, values, (names[0], names[1], names[2]))

@@ -9,7 +9,9 @@ A model that minimizes a loss with an optimizer gets `@train_step` and, when its
 not depend on the training flag, `@eval` (nfc.passes.autodiff.train.add_training_functions,
 what the `autodiff` pass runs). A model without a loss gets `@eval` only. An `@eval` already
 there (the frontend compiles one with `training` false for models with dropout or batch-norm
-statistics) is kept. A module without `@forward` (IR given as it is) is left alone.
+statistics) is kept. A module without `@forward` (IR given as it is) is left alone. Column
+gathers the `im2col` pass marked implicit are then substituted into the GEMMs that read them
+(nfc.passes.im2col.implicit_columns).
 """
 
 from __future__ import annotations
@@ -45,3 +47,7 @@ class TrainingFunctions(ModulePass):
             add_training_functions(module)
         elif not module.has_func("eval"):
             module.funcs.append(eval_from_forward(module.func("forward")))
+        from nfc.passes.im2col import implicit_columns
+
+        for func in module.funcs:  # the gradients exist: implicit columns go into their GEMMs
+            implicit_columns(func)

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nfc.codegen.artifact.kcache import ObjectCache, kernel_key, kernel_symbol
 from nfc.codegen.artifact.parallel import KernelJob, compile_jobs, compile_text, hide, loop_cost
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.jit import KernelInfo, emit_lowered, lower_kernel, new_module, resolve_schedule
-from nfc.codegen.lower import group_of, group_stages
+from nfc.codegen.lower import group_of, group_stages, slice_plan
+from nfc.codegen.lowering.slices import BatchSlice
 from nfc.ir import ComputeOp, KernelOp, Value
 
 
@@ -51,6 +52,9 @@ class Composite:
     info: KernelInfo
     calls: list[tuple[str, KernelInfo, ComputeOp]]
     """(symbol, layout for this stage's values, stage compute) per stage."""
+    slices: list[tuple[int, int, BatchSlice]] = field(default_factory=list)
+    """(first call, number of calls, slice): calls run per batch element, in a loop
+    (nfc.codegen.lowering.slices)."""
 
 
 class KernelSet:
@@ -90,17 +94,24 @@ class KernelSet:
             _, outs, ins = group_of(op)
             return sym, KernelInfo(sym, known.loops, tuple(outs), tuple(ins))
         info = lower_kernel(op, resolved, name=sym, target=self.target)  # checks the schedule
-        stages = group_stages(op, resolved) if isinstance(op, KernelOp) else []
-        if len(stages) > 1:
+        if isinstance(op, KernelOp) and len(group_stages(op, resolved)) > 1:
             from nfc.codegen.space import default_schedule
 
-            calls = []
-            for st, st_sched in stages:
-                # the stage's schedule made explicit: lowering the group ignores the stage's
-                # own `nf.schedule`, and so must the stage kernel
-                ssym, sinfo = self._add(st, st_sched or default_schedule(st, self.target))
+            calls: list[tuple[str, KernelInfo, ComputeOp]] = []
+            slices: list[tuple[int, int, BatchSlice]] = []
+            # the stage's schedule made explicit: lowering the group ignores the stage's own
+            # `nf.schedule`, and so must the stage kernel
+            for item in slice_plan(op, resolved, lambda st: default_schedule(st, self.target)):
+                if isinstance(item, BatchSlice):  # one-image stages, called per batch element
+                    slices.append((len(calls), len(item.stages), item))
+                    for st, st_sched in item.stages:
+                        ssym, sinfo = self._add(st, st_sched)
+                        calls.append((ssym, sinfo, st))
+                    continue
+                st, st_sched = item
+                ssym, sinfo = self._add(st, st_sched)
                 calls.append((ssym, sinfo, st))
-            self.composites[sym] = Composite(info, calls)
+            self.composites[sym] = Composite(info, calls, slices)
             return sym, info
         self.entries[sym] = KernelEntry(
             key, op, None if resolved is None else resolved.to_dict(), info)
@@ -182,27 +193,58 @@ def _emit_composite(llmod: Any, sym: str, comp: Composite) -> None:
         if id(v) not in where:
             where[id(v)] = param(k)
     ws = param(n_out + n_in) if info.workspace_bytes else None
+    whole: dict[int, Value] = {}  # a one-image value -> the batch tensor it is a slice of
+    loop_of: dict[int, BatchSlice] = {}
+    for first, count, bs in comp.slices:
+        whole.update(bs.sliced)
+        loop_of.update({first + j: bs for j in range(count)})
     off = 0
     for _, _, st in comp.calls:
-        if id(st.result) not in where:
+        v = whole.get(id(st.result), st.result)
+        if id(v) not in where:
             assert ws is not None
-            where[id(st.result)] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
-            off += -(-st.result.type.nbytes // 64) * 64
+            where[id(v)] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
+            off += -(-v.type.nbytes // 64) * 64
     need = off + max(si.workspace_bytes for _, si, _ in comp.calls)
     assert need <= info.workspace_bytes, (need, info.workspace_bytes)
     width = max(si.n_buffers for _, si, _ in comp.calls)
     arr = b.alloca(ir.ArrayType(ptr_t, width), name="buffers")
     arr.type = ptr_t  # llvmlite types allocas as typed pointers; the IR uses opaque `ptr`
-    for ssym, si, _ in comp.calls:
-        vals: list[Value] = [*si.outputs, *si.inputs]
-        ptrs = [where[id(v)] for v in vals]
+    nb: ir.Value | None = None  # the batch element of the loop the calls are in
+    loop = b.block
+    for k, (ssym, si, _) in enumerate(comp.calls):
+        bs = loop_of.get(k)
+        if bs is not None and nb is None:  # open the loop over the batch
+            head = b.block
+            loop = fn.append_basic_block(f"slice{k}")
+            b.branch(loop)
+            b.position_at_end(loop)
+            nb = b.phi(i64, name="nb")
+            nb.add_incoming(ir.Constant(i64, 0), head)
+        ptrs = []
+        for v in [*si.outputs, *si.inputs]:
+            if id(v) in whole:  # element nb of the batch tensor
+                full = whole[id(v)]
+                assert nb is not None
+                step = b.mul(nb, ir.Constant(i64, full.type.nbytes // full.shape[0]))
+                ptrs.append(b.gep(where[id(full)], [step], source_etype=i8))
+            else:
+                ptrs.append(where[id(v)])
         if si.workspace_bytes:
             assert ws is not None
             ptrs.append(b.gep(ws, [ir.Constant(i64, off)], source_etype=i8))
-        for k, p in enumerate(ptrs):
-            b.store(p, b.gep(arr, [ir.Constant(i64, k)], source_etype=ptr_t))
+        for j, p in enumerate(ptrs):
+            b.store(p, b.gep(arr, [ir.Constant(i64, j)], source_etype=ptr_t))
         callee = llmod.globals.get(ssym)
         if callee is None:
             callee = ir.Function(llmod, ir.FunctionType(ir.VoidType(), [ptr_t]), name=ssym)
         b.call(callee, [arr])
+        if nb is not None and loop_of.get(k + 1) is not bs:  # close the loop
+            assert bs is not None
+            nxt = b.add(nb, ir.Constant(i64, 1))
+            nb.add_incoming(nxt, b.block)
+            after = fn.append_basic_block(f"slice{k}.end")
+            b.cbranch(b.icmp_unsigned("<", nxt, ir.Constant(i64, bs.extent)), loop, after)
+            b.position_at_end(after)
+            nb = None
     b.ret_void()

@@ -23,6 +23,7 @@ from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.llvm import bf16dot, intrinsics, render
 from nfc.codegen.llvm.exprs import ExprEmitter, infer, lltype, memtype, storage
 from nfc.codegen.llvm.fold import const_ints
+from nfc.codegen.llvm.hoist import Hoist
 from nfc.codegen.loops import (
     Allocate,
     Barrier,
@@ -86,6 +87,7 @@ class FuncEmitter(ExprEmitter):
         self.width = 1
         self.mask = None
         self.native_bf16 = target.has("avx512bf16")
+        self.hoists: list[Hoist] = []
 
     @property
     def module(self) -> ir.Module:
@@ -243,7 +245,12 @@ class FuncEmitter(ExprEmitter):
         self.env[var] = i
         if max_index is not None:
             self.ranges[var] = (0, max(max_index, 0))
+        inner = list(body.walk())
+        self.hoists = [*self.hoists, Hoist(
+            pre, frozenset({var, *(s.var for s in inner if isinstance(s, For))}),
+            frozenset(s.buffer.name for s in inner if isinstance(s, Store)))]
         self.stmt(body)
+        self.hoists = self.hoists[:-1]
         nxt = b.add(i, ir.Constant(intrinsics.I64, 1), flags=("nsw",))
         i.add_incoming(nxt, b.block)
         b.branch(head)

@@ -20,12 +20,17 @@ panels instead of all of them (the panels of a batch of 32 capsule columns: 95.6
 per image). Every element is still packed once and the main nest reads the same values in the
 same order (results bit for bit those of the whole pack); the loops around a fill run serially
 (one buffer), the parallel loops inside them stay parallel.
+
+The panels of a virtual operand (`nfc.contraction.GatherView`, the im2col columns of an
+implicit convolution GEMM) are filled by evaluating its element expression, a gather from the
+image, instead of a load: the columns exist only as panels, per batch element when the rule
+above applies, and the main nest reads them exactly as it reads the panels of stored columns.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nfc.codegen.loops import (
@@ -44,7 +49,9 @@ from nfc.codegen.loops import (
 from nfc.codegen.lowering.axes import Loops, ScheduleError, fuse_parallel
 from nfc.codegen.lowering.tails import Tails
 from nfc.codegen.schedule import Pack, Schedule
+from nfc.contraction import GatherView
 from nfc.ir import Binary, ComputeOp, Const, Expr, Index, Load, Value
+from nfc.simplify import simplify_divisions
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ def plan_packs(op: ComputeOp, sched: Schedule, tails: Tails, bufs: dict[int, Buf
         src = bufs[id(src_val)]
         parallel = bool(tails.loops.parallel)
         if p.kind == "phase":
+            if isinstance(src_val, GatherView):
+                raise ScheduleError("a phase pack reads a stored operand")
             packs.append((id(src_val), _phase_pack(p, src, _reach(op, p, src_val, tails),
                                                    parallel, used_names)))
             continue
@@ -104,8 +113,24 @@ def plan_packs(op: ComputeOp, sched: Schedule, tails: Tails, bufs: dict[int, Buf
             raise ScheduleError(f"unknown pack kind '{p.kind}'")
         _check(op, p, src_val, src, tails)
         outer = {} if sched.parallel_reduce else local_loops(op, p, src_val, src, tails)
-        packs.append((id(src_val), _pack(p, src, parallel, used_names, outer)))
+        read, inner = None, 0
+        if isinstance(src_val, GatherView):
+            read, inner = _gather_reader(src_val, bufs), src_val.inner[p.dim]
+        packs.append((id(src_val), _pack(p, src, parallel, used_names, outer, read, inner)))
     return packs
+
+
+def _gather_reader(gv: GatherView, bufs: dict[int, Buffer]) -> Callable[[Sequence[Expr]], Expr]:
+    """The fill's value of the element of virtual operand `gv` at given indices: its
+    expression, loads read from the buffers of the tensors it gathers from (every index in
+    range: the fill's indices are, and a padding guard selects around its load)."""
+    def read(indices: Sequence[Expr]) -> Expr:
+        def fn(e: Expr) -> Expr | None:
+            if isinstance(e, Load):
+                return BufLoad(bufs[id(e.tensor)], e.indices)
+            return None
+        return gv.element(indices).map(fn)
+    return read
 
 
 def local_loops(op: ComputeOp, p: Pack, src_val: Value, src: Buffer,
@@ -191,7 +216,8 @@ def _check(op: ComputeOp, p: Pack, src_val: Value, src: Buffer, tails: Tails) ->
 
 
 def _pack(p: Pack, src: Buffer, parallel: bool, used_names: set[str],
-          outer: dict[str, int] | None = None) -> Packed:
+          outer: dict[str, int] | None = None,
+          read: Callable[[Sequence[Expr]], Expr] | None = None, inner: int = 0) -> Packed:
     shape = src.shape
     outer = outer or {}
     drop = {d: loop for loop, d in outer.items()}
@@ -205,15 +231,54 @@ def _pack(p: Pack, src: Buffer, parallel: bool, used_names: set[str],
     src_idx: list[Expr] = [
         (pos if shape[d] % p.factor == 0 else Clamp(pos, shape[d] - 1)) if d == p.dim
         else Index(drop[d]) if d in drop else Index(next(kept)) for d in range(len(shape))]
-    st: Stmt = Store(pbuf, tuple(Index(v) for v in pvars), BufLoad(src, tuple(src_idx)))
+    if read is None:
+        st: Stmt = Store(pbuf, tuple(Index(v) for v in pvars), BufLoad(src, tuple(src_idx)))
+    else:
+        st = _gather_fill(p, pbuf, pvars, src_idx, read, inner, shape[p.dim] % p.factor == 0)
     for n in reversed(range(len(pvars))):
         kind = LoopKind.SERIAL
         if n == len(pvars) - 1 and p.factor <= 64:
             kind = LoopKind.VECTORIZED
         elif n == 0 and parallel and nblk > 1:
             kind = LoopKind.PARALLEL
+        if n == len(pvars) - 1 and isinstance(st, For) and st.var.startswith(pvars[n]):
+            st = For(f"{pvars[n]}h", Const(p.factor // st.extent.value), LoopKind.SERIAL, st)
+            continue  # a lane loop split by `_gather_fill`
         st = For(pvars[n], Const(pbuf.shape[n]), kind, st)
     return Packed(pbuf, p.dim, p.factor, st, outer=tuple(outer), drop=tuple(outer.values()))
+
+
+def _gather_fill(p: Pack, pbuf: Buffer, pvars: Sequence[str], src_idx: Sequence[Expr],
+                 read: Callable[[Sequence[Expr]], Expr], inner: int, even: bool) -> Stmt:
+    """The store filling one panel element of a virtual operand, its position along the
+    packed dimension written so that the splits of merged axes resolve (`simplify_divisions`):
+    a dimension merged from runs `[i, j]` is read at `pos // J`, `pos % J` (J = `inner`), which
+    for the lane `l` of panel `b` (pos = F*b + l) are lane-uniform and unit-stride when J
+    divides into whole panels (`(b // (J/F)) * J + (b % (J/F)) * F + l`) or the panels into
+    whole rows of J lanes (the lane loop split into `F/J` rows of J, returned as that loop)."""
+    f, blk, lane = p.factor, Index(pvars[0]), Index(pvars[-1])
+    ranges = {v: (0, n - 1) for v, n in zip(pvars, pbuf.shape, strict=True)}
+    split = None
+    pos: Expr = Binary("+", Binary("*", blk, Const(f)), lane)
+    if even and inner > f and inner % f == 0:
+        m = inner // f
+        pos = Binary("+", Binary("+", Binary("*", Binary("//", blk, Const(m)), Const(inner)),
+                                 Binary("*", Binary("%", blk, Const(m)), Const(f))), lane)
+    elif even and 1 < inner < f and f % inner == 0:
+        hi, lo = Index(f"{pvars[-1]}h"), Index(f"{pvars[-1]}l")
+        ranges.update({hi.name: (0, f // inner - 1), lo.name: (0, inner - 1)})
+        lane = Binary("+", Binary("*", hi, Const(inner)), lo)
+        pos = Binary("+", Binary("*", blk, Const(f)), lane)
+        split = lo.name
+    if not even:
+        return Store(pbuf, tuple(Index(v) for v in pvars), read(src_idx))
+    idx = list(src_idx)
+    idx[p.dim] = pos
+    value = simplify_divisions(read(idx), ranges)
+    st: Stmt = Store(pbuf, (*[Index(v) for v in pvars[:-1]], lane), value)
+    if split is not None:
+        st = For(split, Const(inner), LoopKind.VECTORIZED, st)
+    return st
 
 
 def _reach(op: ComputeOp, p: Pack, src_val: Value, tails: Tails) -> int | None:
