@@ -34,7 +34,7 @@ from nfc.runtime.tuning.kernels import (
     schedule_lookup,
     schedules_from_cache,
 )
-from nfc.runtime.tuning.model import CacheError, Measurement, Status
+from nfc.runtime.tuning.model import Measurement, Status
 from nfc.runtime.tuning.report import KernelReport, Progress, TuneReport, write_plot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,36 +365,43 @@ def test_plot_without_matplotlib_fails_before_tuning(tiny: Path, tmp_path: Path,
 
 
 def test_kill_9_then_resume_loses_nothing_recorded(tiny: Path, tmp_path: Path) -> None:
-    import os
-    import signal
     import subprocess
     import sys
     import time
 
-    db, rep = tmp_path / "t.sqlite", tmp_path / "r.json"
+    db, rep, held = tmp_path / "t.sqlite", tmp_path / "r.json", tmp_path / "held"
     argv = ["tune", str(tiny), "--db", str(db), "--trials", "6", "--top", "1", "--order",
             "cost", "--population", "3", "--patience", "100", "--confirm", "0", "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-m", "nfc", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    # the tuner in a process that holds still after its second committed record (a marker
+    # file says so), so the kill lands mid-run however fast this machine tunes
+    launcher = (
+        "import pathlib, sys, time\n"
+        "from nfc.runtime.tuning.cache import TuningCache\n"
+        "put, n = TuningCache.put_measurement, [0]\n"
+        "def held(self, *a, **k):\n"
+        "    e = put(self, *a, **k)\n"
+        "    n[0] += 1\n"
+        "    if n[0] == 2:\n"
+        f"        pathlib.Path({str(held)!r}).write_text('2')\n"
+        "        time.sleep(3600)\n"
+        "    return e\n"
+        "TuningCache.put_measurement = held\n"
+        "from nfc.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cat = default_category()
-    recorded = 0
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            try:
-                with TuningCache(db, create=False) as cache:
-                    keys = cache.list_keys(cat)
-            except CacheError:  # not there yet, or its schema is being written right now
-                continue
-            recorded = sum(k.n_ok + k.n_pruned + k.n_failed for k in keys)
-            if recorded >= 2:
-                break
-        assert proc.poll() is None, "the tuner finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not held.exists():
+            time.sleep(0.1)
+        assert held.exists(), f"the tuner never recorded 2 candidates (exit {proc.poll()})"
+        assert proc.poll() is None
+        proc.kill()  # SIGKILL
     finally:
         proc.kill()
         proc.wait()
+    recorded = 2
     with TuningCache(db, create=False) as cache:
         (info,) = cache.list_keys(cat)
         before = info.n_ok + info.n_pruned + info.n_failed
