@@ -110,7 +110,10 @@ def compile_case(spec: Mapping[str, Any]) -> dict[str, Any]:
     model = load(built.path)
     model.init(int(spec.get("seed", 0)))
     fm = model.metadata["functions"]["train_step"]
-    arrays = {f"{model.specs[n].role}:{n}": a for n, a in model.tensors.items()}
+    # the state by its logical names and shapes (`state_dict`: a tensor the build laid out,
+    # concatenated or blocked, as the model file declares it), which the baselines load too
+    named = model.named_specs()
+    arrays = {f"{named[n].role}:{n}": a for n, a in model.state_dict().items()}
     inputs = make_inputs(model.metadata, spec.get("int_bounds", {}), int(spec.get("seed", 0)))
     arrays.update({f"input:{k}": v for k, v in inputs.items()})
     np.savez(out / "case.npz", **arrays)

@@ -264,3 +264,24 @@ def test_torch_compile_on_more_threads_runs_last_under_a_budget(tmp_path):
         ("lenet5", "nfc", 1), ("lenet5", "torch-compile", 1), ("lenet5", "nfc", 2),
         ("mlp3", "torch-compile", 2), ("lenet5", "torch-compile", 2)]
     assert {r["status"] for r in recs} == {"skipped"}
+
+
+def test_case_file_holds_the_logical_state_of_a_laid_out_build(tmp_path):
+    """A build whose `layout` pass stores weights blocked writes its case file by the model
+    file's names and shapes (what the baselines load), the same state as the default build's."""
+    from nfc.runtime.bench.worker import compile_case
+
+    src = str(ROOT / "examples" / "resnet_block.nf")
+    cases = {}
+    for name, pipe in (("default", None), ("layout", "layout,im2col,training-functions,"
+                                          "inline,canonicalize,cse,dce,fuse")):
+        rec = compile_case({"source": src, "out": str(tmp_path / name), "pipeline": pipe,
+                            "seed": 3, "tuned": False})
+        with np.load(rec["case"], allow_pickle=False) as z:
+            cases[name] = {k: z[k] for k in z.files}
+    base, lay = cases["default"], cases["layout"]
+    assert sorted(base) == sorted(lay)
+    for k in base:
+        assert lay[k].shape == base[k].shape, k
+        if not k.startswith("input:"):
+            np.testing.assert_array_equal(lay[k], base[k], err_msg=k)
