@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from pipeline_ab import _build  # noqa: E402  (a library built and bound, as for pipeline A/B)
+
 #: The option sets of the layout builds (`LAYOUT_VARIANTS`, separated by `;`, overrides).
 VARIANTS = ";block=32;block=64;weights=false"
 MODELS = ["examples/lenet5.nf", "examples/models/resnet18.nf", "examples/models/mobilenet.nf",
@@ -30,25 +33,6 @@ MODELS = ["examples/lenet5.nf", "examples/models/resnet18.nf", "examples/models/
 
 def _load() -> str:
     return Path("/proc/loadavg").read_text(encoding="utf-8").split(" ", 3)[:3].__str__()
-
-
-def _build(source: str, pipeline: str):
-    import numpy as np
-
-    from nfc.runtime.build import compile_model
-    from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
-
-    model = load(compile_model(source, pipeline=pipeline).path)
-    model.init(seed=0)
-    model.set_num_threads(1)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
-    return model, bound, len(fn.meta["kernels"]), float(bound()["loss"])
 
 
 def main(argv: list[str]) -> None:

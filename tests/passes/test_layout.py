@@ -16,18 +16,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from laid_out_lib import check_laid_out_build
 
 from nfc.blocked import is_blocked, pack, unpack
 from nfc.codegen.artifact.initgen import reference_init, reference_init_layout
 from nfc.diagnostics import CompileError
 from nfc.interp import run
 from nfc.ir import Func, Module
-from nfc.runtime import checkpoint as ckpt
 from nfc.runtime.build import build_module, load_model
 from nfc.testing import (
     as_f64,
     assert_close_f64,
-    assert_matches_oracle,
     assert_within_bounds,
     run_bounded,
     widen,
@@ -199,39 +198,13 @@ def test_native_blocked_parameters_init_views_steps_and_checkpoints(tmp_path: Pa
     # the native blocked train step against the interpreter (float32 error bound)
     lmod, _ = build_module(EX / "resnet_block.nf", {"batch": 2}, {"name": "adam", "lr": 0.05},
                            pipeline=LAID)
-    f = lmod.func("train_step")
     rng = np.random.default_rng(2)
     batches = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32),
                 "y": rng.integers(0, 10, 2).astype(np.int32)} for _ in range(3)]
-    for bt in batches[:2]:
-        args = [bt[x.name] if x.name in bt else laid.tensors[x.name].copy() for x in f.args]
-        got = laid.train_step(**bt)
-        res = [got[n] if n in got else laid.tensors[n.split(":", 1)[1]]
-               for n in f.attrs["nf.results"]]
-        assert_matches_oracle(f, args, res, module=lmod)
-        plain.train_step(**bt)
-    # a checkpoint of either build resumes in the other
-    for writer, reader, d in ((laid, plain, tmp_path / "l2p"), (plain, laid, tmp_path / "p2l")):
-        ckpt.save(d, writer.step, writer.named_tensors(), {})
-        expect = {n: (x.shape, x.dtype) for n, x in reader.named_tensors().items()}
-        loaded = ckpt.load_latest(d, expect)
-        assert loaded is not None
-        saved = writer.state_dict()
-        reader.init(99)
-        assert any(not np.array_equal(reader.state_dict()[k], v) for k, v in saved.items())
-        reader.load_state_dict(loaded.tensors)
-        after = reader.state_dict()
-        for k, v in saved.items():
-            np.testing.assert_array_equal(after[k], v, err_msg=k)
-    # one more step of the blocked build from the exchanged state: within the float32 error
-    # bound of the plain build's step in the interpreter
     pmod, _ = build_module(EX / "resnet_block.nf", {"batch": 2}, {"name": "adam", "lr": 0.05},
                            pipeline=PLAIN)
-    pf = pmod.func("train_step")
+    check_laid_out_build(laid, plain, lmod, pmod, batches, tmp_path)
     bt = batches[2]
-    args = [bt[x.name] if x.name in bt else plain.tensors[x.name].copy() for x in pf.args]
-    value, err = run_bounded(pf, args, module=pmod)[0]
-    assert_within_bounds(laid.train_step(**bt)["loss"], value, err, name="loss")
     # the artifact's eval function reads the stored (pre-transformed) weights: from the same
     # logical state as the plain build, within the error bound of the plain eval
     laid.load_state_dict(plain.state_dict())

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from laid_out_lib import check_laid_out_build
 
 from nfc.codegen.artifact.initgen import reference_init, reference_init_layout
 from nfc.interp import run
@@ -20,7 +21,6 @@ from nfc.runtime.build import build_module, load_model
 from nfc.testing import (
     as_f64,
     assert_close_f64,
-    assert_matches_oracle,
     assert_within_bounds,
     run_bounded,
     widen,
@@ -260,37 +260,9 @@ def test_native_builds_share_init_names_and_checkpoints(tmp_path: Path, opt: str
         np.testing.assert_array_equal(b[k], a[k], err_msg=k)
     # the train steps agree with the interpreter within the float32 error bound
     fmod = _build(src, params, CONCAT, {"name": opt, "lr": 0.05})
-    f = fmod.func("train_step")
-    batches = _batches(f, 3)
-    for bt in batches[:2]:
-        args = [bt[x.name] if x.name in bt else fused.tensors[x.name].copy() for x in f.args]
-        got = fused.train_step(**bt)
-        res = [got[n] if n in got else fused.tensors[n.split(":", 1)[1]]
-               for n in f.attrs["nf.results"]]
-        assert_matches_oracle(f, args, res, module=fmod)
-        split.train_step(**bt)
-    # a checkpoint of either build resumes in the other
-    for writer, reader, d in ((fused, split, tmp_path / "f2s"), (split, fused, tmp_path / "s2f")):
-        ckpt.save(d, writer.step, writer.named_tensors(), {})
-        expect = {n: (x.shape, x.dtype) for n, x in reader.named_tensors().items()}
-        loaded = ckpt.load_latest(d, expect)
-        assert loaded is not None
-        saved = writer.state_dict()
-        reader.init(99)  # another starting point: the load must overwrite every part
-        assert any(not np.array_equal(reader.state_dict()[k], v) for k, v in saved.items())
-        reader.load_state_dict(loaded.tensors)
-        after = reader.state_dict()
-        for k, v in saved.items():
-            np.testing.assert_array_equal(after[k], v, err_msg=k)
-    # the same state and batch: one more step of each build from the exchanged checkpoint
-    # (the fused build's loss within the float32 error bound of the unfused step's)
-    bt = batches[2]
     smod = _build(src, params, SPLIT, {"name": opt, "lr": 0.05})
-    sf = smod.func("train_step")
-    args = [bt[x.name] if x.name in bt else split.tensors[x.name].copy() for x in sf.args]
-    value, err = run_bounded(sf, args, module=smod)[0]
-    lf = fused.train_step(**bt)["loss"]
-    assert_within_bounds(lf, value, err, name="loss")
+    check_laid_out_build(fused, split, fmod, smod, _batches(fmod.func("train_step"), 3),
+                         tmp_path)
 
 
 def test_interpreter_agreement_of_the_fused_forward_on_bert() -> None:
