@@ -41,16 +41,14 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nfc.runtime.tuning.measure import MeasureSetupError, _child_env, _Worker, _WorkerDied
+from nfc.runtime.tuning.measure import _Worker, _WorkerDied
 from nfc.runtime.tuning.model import Measurement, Status, canonical_json
 
 __all__ = ["GpuWorker", "GpuWorkerOptions", "WorkerDeviceMeasurer", "fake_driver", "main",
@@ -85,31 +83,12 @@ class _Process(_Worker):
     handling, another module and arguments)."""
 
     def __init__(self, options: GpuWorkerOptions) -> None:  # noqa: D107
-        rfd, wfd = os.pipe()
-        self.rfd, self.buf = rfd, b""
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close_fds
-        cmd = [sys.executable, "-m", MODULE, "--fd", str(wfd)]
+        args: list[str] = []
         if options.driver is not None:
-            cmd += ["--driver", options.driver, "--driver-spec",
-                    canonical_json(dict(options.driver_spec))]
-        try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                         stderr=self.stderr, pass_fds=(wfd,), env=_child_env(),
-                                         start_new_session=True)
-        finally:
-            os.close(wfd)
-        try:
-            ready = self.read(options.startup_timeout)
-        except _WorkerDied:
-            ready = None
-        if ready is None or ready.get("event") != "ready":
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            why = (ready or {}).get("error") or self.tail()
-            self.close_fds()
-            raise MeasureSetupError(f"the GPU measuring worker did not start: {why}")
-        self.info = ready
+            args += ["--driver", options.driver, "--driver-spec",
+                     canonical_json(dict(options.driver_spec))]
+        super().__init__(sys.executable, options.startup_timeout, module=MODULE, args=args,
+                         what="GPU measuring")
 
 
 class GpuWorker:
@@ -182,14 +161,8 @@ class GpuWorker:
     def close(self) -> None:
         """Ask the worker to exit (killing it if it does not) and reap it."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.send({"op": "exit"})
-            proc.proc.wait(timeout=5)
-        except (_WorkerDied, subprocess.TimeoutExpired):
-            pass
-        proc.kill()
+        if proc is not None:
+            proc.shutdown(timeout=5)
 
     def __enter__(self) -> GpuWorker:
         return self

@@ -90,14 +90,17 @@ class _WorkerDied(Exception):
 class _Worker:
     """One worker process and the pipe its events come back on."""
 
-    def __init__(self, python: str, startup_timeout: float) -> None:
+    def __init__(self, python: str, startup_timeout: float, *, module: str = "nfc.runtime."
+                 "tuning.worker", args: Sequence[str] = (), what: str = "measuring") -> None:
+        """Start `python -m module --fd FD *args` and wait for its `ready` event (kept as
+        `info`); MeasureSetupError naming `what` when it does not come."""
         rfd, wfd = os.pipe()
         self.rfd, self.buf = rfd, b""
         # the worker's stderr, kept for the error text when it dies; closed in close_fds
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                [python, "-m", "nfc.runtime.tuning.worker", "--fd", str(wfd)],
+                [python, "-m", module, "--fd", str(wfd), *args],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.stderr,
                 pass_fds=(wfd,), env=_child_env(), start_new_session=True)
         finally:
@@ -110,9 +113,11 @@ class _Worker:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
-            tail = self.tail()
+            why = (ready or {}).get("error") or self.tail()
             self.close_fds()
-            raise MeasureSetupError(f"the measuring worker did not start:\n{tail}")
+            sep = "\n" if "\n" in why.strip() else " "
+            raise MeasureSetupError(f"the {what} worker did not start:{sep}{why}")
+        self.info: dict[str, Any] = ready
 
     def send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -161,6 +166,16 @@ class _Worker:
         tail = self.tail()
         self.close_fds()
         return why + (f"\n{tail}" if tail else "")
+
+    def shutdown(self, timeout: float) -> None:
+        """Ask the worker to exit, give it `timeout` seconds, then kill it and release its
+        pipes (whatever state it is in)."""
+        try:
+            self.send({"op": "exit"})
+            self.proc.wait(timeout=timeout)
+        except (_WorkerDied, subprocess.TimeoutExpired):
+            pass
+        self.kill()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -299,14 +314,8 @@ class Measurer:
     def close(self) -> None:
         """Ask the worker to exit (killing it if it does not) and release its pipes."""
         worker, self._worker = self._worker, None
-        if worker is None:
-            return
-        try:
-            worker.send({"op": "exit"})
-            worker.proc.wait(timeout=2)
-        except (_WorkerDied, subprocess.TimeoutExpired):
-            pass
-        worker.kill()
+        if worker is not None:
+            worker.shutdown(timeout=2)
 
     def __enter__(self) -> Measurer:
         return self
