@@ -1,73 +1,63 @@
-"""Train-step time with and without the `layout` pass (blocked NCHW[c]c activations), one
-thread, the builds interleaved in one process, process CPU time.
+"""Train-step time of the convolutional seed models with the `layout` pass off and on (blocks
+8 and 16), 1 and 2 threads, the builds alternating in one process: the measurement behind the
+rule of `layout{when=auto}` (docs/passes-builtin.md, "layout").
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/layout_ab.py [ROUNDS] [MODEL ...]
+    .venv/bin/python benchmarks/layout_ab.py [--rounds N] [--threads 1,2] [MODEL ...]
 
-Per model builds from the same initial parameters and inputs: A = the default build
-pipeline (`BUILD_PIPELINE`), then one build per variant of the pass's options (`with_layout`):
-B = `layout` (the default block, weights stored blocked), C = `layout{block=32}`,
-D = `layout{block=64}`, E = `layout{weights=false}` (weights packed by a compute every step).
-Each round runs a few steps of every build in turn, so other load on the machine hits all of
-them; the medians and the ratios A/X (above 1: the layout is faster) are printed with the
-load average (`/proc/loadavg`) before and after. The first losses must agree within rounding.
-`LAYOUT_VARIANTS='block=16;block=32'` chooses other option sets.
+MODEL is an `nfc bench` name (default: every convolutional seed model) at its benchmark sizes.
+Per model and thread count, every choice of `nfc.runtime.tuning.layout.candidates()` (`off`,
+`8`, `16` on AVX-512) is built from the default build pipeline with its `layout` pass fixed
+(`choice_pipeline`), from the same initial state and inputs, and timed in rounds whose order
+rotates (`measure_choices`: median wall time per step; what `nfc tune` measures). Printed:
+the medians, off/X ratios (above 1: the layout is faster), what the rule of `when=auto`
+(without a tuned choice) picks, and the load average before and after.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
+import argparse
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from pipeline_ab import _build  # noqa: E402  (a library built and bound, as for pipeline A/B)
-
-#: The option sets of the layout builds (`LAYOUT_VARIANTS`, separated by `;`, overrides).
-VARIANTS = ";block=32;block=64;weights=false"
-MODELS = ["examples/lenet5.nf", "examples/models/resnet18.nf", "examples/models/mobilenet.nf",
-          "examples/models/squeezenet.nf"]
+MODELS = ["lenet5", "resnet18", "squeezenet", "capsnet", "matrix_capsule", "shufflenet_unit",
+          "mobilenet"]
 
 
 def _load() -> str:
-    return Path("/proc/loadavg").read_text(encoding="utf-8").split(" ", 3)[:3].__str__()
+    return " ".join(Path("/proc/loadavg").read_text(encoding="utf-8").split()[:3])
 
 
-def main(argv: list[str]) -> None:
-    from nfc.passes.layout import default_block, with_layout
-    from nfc.runtime.build import BUILD_PIPELINE
+def main(argv: list[str]) -> int:
+    from nfc.passes.layout import auto_decision, default_block
+    from nfc.runtime.bench.models import resolve
+    from nfc.runtime.build import frontend_module
+    from nfc.runtime.tuning.layout import candidates, measure_choices, step_timer
 
-    rounds = int(argv[0]) if argv else 11
-    models = argv[1:] or MODELS
-    variants = os.environ.get("LAYOUT_VARIANTS", VARIANTS).split(";")
-    pipes = {"A": BUILD_PIPELINE}
-    for k, opts in enumerate(variants):
-        pipes[chr(ord("B") + k)] = with_layout(BUILD_PIPELINE, opts)
-    print(f"default block {default_block()}; load before: {_load()}")
-    for name, p in pipes.items():
-        print(f"  {name}: {p}")
-    for src in models:
-        builds = {k: _build(str(ROOT / src), p) for k, p in pipes.items()}
-        losses = {k: b[3] for k, b in builds.items()}
-        times: dict[str, list[float]] = {k: [] for k in builds}
-        steps = 3
-        for _ in range(rounds):
-            for k, (_m, bound, _n, _l) in builds.items():
-                t0 = time.process_time()
-                for _ in range(steps):
-                    bound()
-                times[k].append((time.process_time() - t0) / steps)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        kernels = " / ".join(str(b[2]) for b in builds.values())
-        print(f"{src}: kernels {'/'.join(builds)} {kernels}; first loss "
-              + ", ".join(f"{k} {v:.6f}" for k, v in losses.items()))
-        print("  median step ms: " + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in med.items())
-              + "; " + ", ".join(f"A/{k} {med['A'] / med[k]:.3f}" for k in med if k != "A"))
-        sys.stdout.flush()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("models", nargs="*", default=MODELS)
+    args = ap.parse_args(argv)
+    choices = candidates()
+    print(f"choices {choices}; default block {default_block()}; load before: {_load()}")
+    print("| model | threads | off (ms) | " + " | ".join(f"block {c}" for c in choices[1:])
+          + " | rule |")
+    for name in args.models:
+        bm = resolve(name)
+        settings = [f"{k}={v}" for k, v in bm.settings().items()]
+        on, why = auto_decision(frontend_module(bm.file, bm.settings(), {}, model=bm.model),
+                                default_block())
+        for threads in (int(t) for t in args.threads.split(",")):
+            timer = step_timer(bm.file, settings, model=bm.model, choices=choices,
+                               threads=threads, min_time=0.2)
+            med = measure_choices(timer, choices, args.rounds)
+            ratios = " | ".join(f"{med['off'] / med[c]:.2f}" for c in choices[1:])
+            print(f"| {name} | {threads} | {med['off'] * 1e3:.3f} | {ratios} | "
+                  f"{'on' if on else 'off'} |", flush=True)
+        print(f"  rule: {why}", flush=True)
     print(f"load after: {_load()}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

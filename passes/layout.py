@@ -36,11 +36,15 @@ has the rules, the measurements and why the vector-width block does not pay on t
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from nfc.blocked import BLOCKED, blocked_shape
+from nfc.diagnostics import CompileError, Diagnostic, Loc
 from nfc.ir import (
     Axis,
     Binary,
@@ -59,7 +63,7 @@ from nfc.ir import (
 from nfc.passmanager import Context, ModulePass
 from nfc.simplify import simplify
 
-__all__ = ["Layout", "block_func", "default_block"]
+__all__ = ["Layout", "auto_decision", "block_func", "default_block", "module_digest"]
 
 #: Optimizers that update every element on its own, so a parameter stored blocked follows the
 #: same trajectory element by element (as for `parallel-fusion{layout=true}`).
@@ -110,23 +114,62 @@ class Layout(ModulePass):
     pre-transformation); false: pack it every step."""
     min_channels: int = 0
     """Block only convolutions with at least this many output channels (0: the block)."""
+    when: str = "always"
+    """`always`: block what matches; `never`: do nothing; `auto` (the default build
+    pipeline's): the choice `nfc tune` recorded for this model on this CPU (the
+    `nfc.layout_choice` provider: off, or a block when `block=auto`), else the rule of
+    `auto_decision` (measured: docs/passes-builtin.md)."""
+    explain: bool = False
+    """Print the decision of `when=auto` and its reasons to stderr."""
+    db: str = ""
+    """`when=auto`: the tuning cache holding `nfc tune`'s layout choices (empty: nfc's)."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, at: Loc | None = None,
+                     option_locs: Mapping[str, Loc] | None = None) -> ModulePass:
+        """As `ModulePass.from_options`, and a bad `when` or `block` is an error located at
+        the option when the pipeline is read (not when it runs)."""
+        p = super().from_options(options, at=at, option_locs=option_locs)
+        assert isinstance(p, Layout)
+        bad = p.option_problem()
+        if bad is not None:
+            name, message = bad
+            where = next((loc for raw, loc in (option_locs or {}).items()
+                          if raw.replace("-", "_") == name), at)
+            raise CompileError([Diagnostic("error", message, where)])
+        return p
+
+    def option_problem(self) -> tuple[str, str] | None:
+        """(option, message) of a bad option value, else None."""
+        if self.when not in WHEN:
+            return "when", f"layout: when must be one of {', '.join(WHEN)}, got '{self.when}'"
+        if self.block != "auto" and not (self.block.isdigit() and int(self.block) >= 1):
+            return "block", (f"layout: block must be 'auto' or a positive integer, got "
+                             f"'{self.block}'")
+        return None
 
     def apply(self, ctx: Context, module: Module) -> None:
-        """Block the convolutions of every function (see the module docstring)."""
-        if self.block == "auto":
-            b = default_block()
-        else:
-            try:
-                b = int(self.block)
-            except ValueError:
-                b = 0
-            if b < 1:
-                ctx.error(f"layout: block must be 'auto' or a positive integer, got "
-                          f"'{self.block}'")
-                return
-        if b == 1:
-            ctx.remarks[self.name] = "block 1: nothing to do"
+        """Block the convolutions of every function (see the module docstring); the remark
+        says what was decided and why (printed to stderr with `explain=true`)."""
+        bad = self.option_problem()  # (an instance made in Python, not from a pipeline)
+        if bad is not None:
+            ctx.error(bad[1])
             return
+        ctx.remarks[self.name] = remark = self._run(module)
+        if self.explain:
+            print(f"layout: {remark}", file=sys.stderr)
+
+    def _run(self, module: Module) -> str:
+        b = default_block() if self.block == "auto" else int(self.block)
+        if self.when == "never":
+            return "when=never: nothing blocked"
+        why = ""
+        if self.when == "auto":
+            b, why = self._decide(module, b)
+            if b == 0:
+                return why if why.startswith("off:") else f"off: {why}"
+        if b == 1:
+            return "block 1: nothing to do"
         total = 0
         for func in module.funcs:
             total += block_func(func, b, max(self.min_channels, b))
@@ -134,9 +177,146 @@ class Layout(ModulePass):
         packed: list[str] = []
         if total:
             laid, packed = block_params(module, b, self.weights)
-        ctx.remarks[self.name] = (
-            f"block {b}: {total} computes blocked; parameters stored blocked: "
-            f"{', '.join(laid) or 'none'}; packed per step: {', '.join(packed) or 'none'}")
+        return (f"block {b}: {total} computes blocked; parameters stored blocked: "
+                f"{', '.join(laid) or 'none'}; packed per step: {', '.join(packed) or 'none'}"
+                + (f" ({why})" if why else ""))
+
+    def _decide(self, module: Module, b: int) -> tuple[int, str]:
+        """`when=auto`: (the block, or 0 for off; why). A choice `nfc tune` recorded for this
+        module wins (with `block=auto`; an explicit block only turns it on or off), else
+        `auto_decision`."""
+        tuned = tuned_choice(module, self.db or None)
+        if tuned is not None:
+            if tuned == "off":
+                return 0, "nfc tune measured the model fastest without the layout"
+            return (int(tuned) if self.block == "auto" else b,
+                    f"nfc tune measured block {tuned} fastest for this model")
+        on, why = auto_decision(module, b, max(self.min_channels, b))
+        return (b if on else 0), why
+
+
+@dataclass(frozen=True)
+class ConvInfo:
+    """A convolution of `@forward` as the rule of `when=auto` sees it."""
+
+    name: str
+    out_channels: int
+    in_channels: int
+    """The extent of the reduction axis at the input's channel (0: none, depthwise)."""
+    macs: int
+    """Multiply-adds: the result's size times the reduction's."""
+    gemm: bool
+    """A dense convolution with a window (im2col makes it a GEMM with K = C*R*S); false for
+    1x1, grouped and depthwise ones."""
+    from_arg: bool
+    """Its input is a function argument (the image), which the pass never blocks."""
+
+
+def conv_census(module: Module) -> list[ConvInfo]:
+    """The convolutions of `@forward` (the first function when there is none), in order."""
+    if not module.funcs:
+        return []
+    func = module.func("forward") if module.has_func("forward") else module.funcs[0]
+    args = set(func.args)
+    out: list[ConvInfo] = []
+    for op in func.body.ops:
+        if not isinstance(op, ComputeOp):
+            continue
+        body = simplify(op.body, _ranges(op.all_axes))
+        if not _is_conv(op, body, 1, 0):
+            continue
+        macs = 1
+        for a in op.all_axes:
+            macs *= a.extent
+        o = op.dims[1].name
+        red = {a.name: a.extent for a in op.raxes}
+        window, grouped, cin, from_arg = 1, False, 0, False
+        for ld in _loads(body):
+            if len(ld.indices) == 4 and ld.indices[0] == Index(o):  # the weight
+                names = index_names(ld.indices[1])
+                grouped = o in names or not isinstance(ld.indices[1], Index)
+                for e in ld.indices[2:]:
+                    for n in index_names(e):
+                        window *= red.get(n, 1)
+            elif len(ld.indices) >= 2:  # the input
+                e = ld.indices[1]
+                cin = red.get(e.name, 0) if isinstance(e, Index) else 0
+                from_arg = from_arg or ld.tensor in args
+        out.append(ConvInfo(op.result.name or "?", op.dims[1].extent, cin, macs,
+                            window > 1 and not grouped, from_arg))
+    return out
+
+
+#: `when=auto`'s thresholds, fitted to the seed models' measurements (docs/passes-builtin.md,
+#: "layout"): the share of convolution multiply-adds above which the layout is not chosen.
+PARTIAL_SHARE = 0.05
+"""... in convolutions whose output channels are no multiple of the block (left NCHW, so the
+layout converts between them and their blocked neighbours: LeNet-5's 6 channels, ShuffleNet's
+8-channel grouped convolution)."""
+BLOCKED_GEMM_SHARE = 0.75
+"""... in dense windowed convolutions whose input would be blocked too: the blocked im2col
+GEMM (`_columns`) whose N is the channel block, where the NCHW GEMM vectorises along the
+image (ResNet-18)."""
+
+
+def auto_decision(module: Module, b: int, min_channels: int | None = None
+                  ) -> tuple[bool, str]:
+    """The rule of `when=auto` without a tuned choice: (block or not, why). See
+    `PARTIAL_SHARE` and `BLOCKED_GEMM_SHARE`; on otherwise (pooling, batch norm,
+    concatenations, depthwise and 1x1 convolutions and short or odd feature maps, where the
+    blocked layout vectorises along 16 contiguous channels)."""
+    convs = conv_census(module)
+    if not convs:
+        return False, "off: no convolution"
+    total = sum(c.macs for c in convs) or 1
+    lim = b if min_channels is None else max(min_channels, b)
+    ok = [c.out_channels % b == 0 and c.out_channels >= lim for c in convs]
+    partial = sum(c.macs for c, k in zip(convs, ok, strict=True) if not k) / total
+    gemm = sum(c.macs for c, k in zip(convs, ok, strict=True)
+               if k and c.gemm and not c.from_arg and c.in_channels % b == 0) / total
+    facts = (f"block {b}, {len(convs)} convolutions; multiply-adds in ones with channels no "
+             f"multiple of {b}: {partial:.0%}, in blocked im2col GEMMs: {gemm:.0%}")
+    if partial > PARTIAL_SHARE:
+        return False, f"off: {facts} (over {PARTIAL_SHARE:.0%}: mixed layouts)"
+    if gemm > BLOCKED_GEMM_SHARE:
+        return False, f"off: {facts} (over {BLOCKED_GEMM_SHARE:.0%}: GEMM-bound)"
+    return True, f"on: {facts}"
+
+
+#: The values of `when`.
+WHEN = ("auto", "always", "never")
+
+#: Entry-point group of the functions `(module digest) -> "off" | "<block>" | None` that look
+#: up a layout choice recorded by `nfc tune` (nfc.runtime registers the tuning cache's lookup;
+#: passes may not import the runtime).
+CHOICE_PROVIDERS_GROUP = "nfc.layout_choice"
+
+
+def module_digest(module: Module) -> str:
+    """The SHA-256 of `module` printed without locations: the key of its recorded choice."""
+    from nfc.printer import print_module
+
+    return hashlib.sha256(print_module(module, locs=False).encode()).hexdigest()
+
+
+def tuned_choice(module: Module, db: str | None = None) -> str | None:
+    """The layout choice recorded for `module` on this machine (in the tuning cache `db`,
+    None: nfc's) by the first provider that has one (`off` or a block), else None (also when
+    a provider fails)."""
+    from importlib.metadata import entry_points
+
+    eps = sorted(entry_points(group=CHOICE_PROVIDERS_GROUP), key=lambda e: e.name)
+    if not eps:
+        return None
+    digest = module_digest(module)
+    for ep in eps:
+        try:
+            found = ep.load()(digest, db)
+        except Exception:  # noqa: BLE001 - a lookup never fails a build: the rule decides
+            found = None
+        if isinstance(found, str) and (found == "off" or found.isdigit()):
+            return found
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,18 +727,19 @@ LAYOUT_PIPELINE = "layout"
 
 
 def with_layout(pipeline: str, options: str = "") -> str:
-    """`pipeline` with `LAYOUT_PIPELINE` (the pass with `options`, e.g. `block=16`) before
-    its first `im2col` or `training-functions`, whichever comes first; unchanged when it has
-    neither or already runs `layout`."""
+    """`pipeline` with `LAYOUT_PIPELINE` (the pass with `options`, e.g. `block=16`; `when`
+    defaults to `always`) before its first `im2col` or `training-functions`, whichever comes
+    first; a `layout` pass it runs already (the default build pipeline's `layout{when=auto}`)
+    is replaced in place; unchanged when it has none of these passes."""
     from nfc.passmanager import build_pipeline, format_pipeline
 
     passes = build_pipeline(pipeline)
     names = [p.name for p in passes]
+    extra = build_pipeline(LAYOUT_PIPELINE + (f"{{{options}}}" if options else ""))
     if "layout" in names:
-        return pipeline
+        return format_pipeline([extra[0] if p.name == "layout" else p for p in passes])
     at = [names.index(n) for n in ("im2col", "training-functions") if n in names]
     if not at:
         return pipeline
     k = min(at)
-    extra = LAYOUT_PIPELINE + (f"{{{options}}}" if options else "")
-    return format_pipeline([*passes[:k], *build_pipeline(extra), *passes[k:]])
+    return format_pipeline([*passes[:k], *extra, *passes[k:]])

@@ -4,17 +4,19 @@
     source (.nf)  --frontend (training and evaluation modes)-->  @forward [, @eval]
     source (.nfir) is parsed as it is (already a module of IR functions)
                   --the build pipeline, run by the pass manager-->
-                      im2col,training-functions,inline,canonicalize,cse,dce,apply-tuning,fuse
+                      layout{when=auto},im2col,training-functions,inline,canonicalize,cse,dce,
+                      apply-tuning,fuse
                   --nfc.codegen.artifact-->  LLVM  --cc -shared-->  model.so
 
 Everything after the frontend is one pipeline string (`BUILD_PIPELINE`), so the tools see it:
 `--print-pipeline` prints the exact string a command will run (`pipeline_for`: the default,
-or `-p`, less the passes `--no-im2col`, `--no-tuning`, `--no-fuse` remove; a `.nfir` module
-skips the passes that build a model's functions), `-p` replaces it, `--print-ir-after-all` and
-`--time-passes` watch it, and the verifier runs after every pass. `nfc tune` runs the part
-before `apply-tuning` (`tune_pipeline_for`): the kernels it measures are the ones that pass
-looks up. Kernels take their tuned schedules from this machine's tuning cache in
-`apply-tuning` (nfc.runtime.tuning.apply_pass).
+or `-p`, less the passes `--no-layout`, `--no-im2col`, `--no-tuning`, `--no-fuse` remove; a
+`.nfir` module skips the passes that build a model's functions), `-p` replaces it,
+`--print-ir-after-all` and `--time-passes` watch it, and the verifier runs after every pass.
+`nfc tune` runs the part before `apply-tuning` (`tune_pipeline_for`): the kernels it measures
+are the ones that pass looks up (and first records the model's layout choice, which
+`layout{when=auto}` then reads: nfc.runtime.tuning.layout). Kernels take their tuned
+schedules from this machine's tuning cache in `apply-tuning` (nfc.runtime.tuning.apply_pass).
 
 `--set k=v` settings are model parameters (`batch=32`), or optimizer hyperparameters spelled
 `opt.<name>` (`opt.lr=0.01`, `opt.name=adam`); nfc.settings parses them. Built libraries are
@@ -42,8 +44,8 @@ from nfc.settings import SettingError, apply_optimizer, parse_settings, parse_va
 
 __all__ = [
     "BUILD_PIPELINE", "CLEANUP_PIPELINE", "DEFAULT_PIPELINE", "DEVICE_PARAMS_ENV",
-    "FUSE_PIPELINE", "MODEL_PIPELINE", "Built", "SettingError", "apply_tuning",
-    "build_library", "build_module", "check_model_source", "compile_model",
+    "FUSE_PIPELINE", "LAYOUT_PIPELINE", "MODEL_PIPELINE", "TARGETS", "Built", "SettingError",
+    "apply_tuning", "build_library", "build_module", "check_model_source", "compile_model",
     "device_params_for", "frontend_module", "load_model", "model_module",
     "module_key", "parse_settings", "parse_value", "pipeline_for", "run_pipeline",
     "tune_pipeline_for",
@@ -55,15 +57,24 @@ __all__ = [
 MODEL_PIPELINE = "im2col,training-functions"
 #: The cleanup every module goes through.
 CLEANUP_PIPELINE = "inline,canonicalize,cse,dce"
+#: The layout transformation, decided per model (nfc.passes.layout: the choice `nfc tune`
+#: recorded for the model on this CPU, else a measured rule); first, since it must see the
+#: frontend's `@forward`. Not in a CUDA build's default (the rule is measured on the CPU).
+LAYOUT_PIPELINE = "layout{when=auto}"
 #: The name older callers use for the cleanup (`run_pipeline`'s default).
 DEFAULT_PIPELINE = CLEANUP_PIPELINE
 #: Run after the tuned schedules are attached, so computes grouped into kernels keep theirs.
 FUSE_PIPELINE = "fuse"
 #: The build pipeline of a `.nf` model: what `nfc compile`, `nfc train`, `nfc bench` and the
 #: Python API run on the frontend's module (`nfc compile --print-pipeline` prints it).
-BUILD_PIPELINE = f"{MODEL_PIPELINE},{CLEANUP_PIPELINE},apply-tuning,{FUSE_PIPELINE}"
-#: The pass each build flag turns off (`--no-im2col`, `--no-tuning`, `--no-fuse`).
-FLAG_PASSES = {"im2col": "im2col", "tuning": "apply-tuning", "fuse": "fuse"}
+BUILD_PIPELINE = (f"{LAYOUT_PIPELINE},{MODEL_PIPELINE},{CLEANUP_PIPELINE},apply-tuning,"
+                  f"{FUSE_PIPELINE}")
+#: The pass each build flag turns off (`--no-layout`, `--no-im2col`, `--no-tuning`,
+#: `--no-fuse`).
+FLAG_PASSES = {"layout": "layout", "im2col": "im2col", "tuning": "apply-tuning",
+               "fuse": "fuse"}
+#: The targets a build is for (`--target`).
+TARGETS = ("cpu", "cuda")
 
 
 def _is_ir_file(source: str | Path) -> bool:
@@ -71,17 +82,24 @@ def _is_ir_file(source: str | Path) -> bool:
 
 
 def pipeline_for(source: str | Path, pipeline: str | None = None, *, im2col: bool = True,
-                 tuning: bool = True, fuse: bool = True) -> str:
+                 tuning: bool = True, fuse: bool = True, layout: bool = True,
+                 target: str = "cpu") -> str:
     """The exact pipeline the build of `source` runs, as a pipeline string: `pipeline` (`-p`)
-    or by default `BUILD_PIPELINE` (without `MODEL_PIPELINE`'s passes for a `.nfir` module),
-    less every pass a flag turns off (`im2col=False` removes `im2col`, `tuning=False`
-    `apply-tuning`, `fuse=False` `fuse`). Every pass is looked up and its options parsed, so a
-    bad `-p` is a located CompileError before any work; the text is the passes' own spelling
-    (options that differ from their defaults)."""
+    or by default `BUILD_PIPELINE` (without `layout` and `MODEL_PIPELINE`'s passes for a
+    `.nfir` module; without `layout` for `target="cuda"`, whose choice is not measured, and
+    with `im2col=False`, since a blocked convolution gathers columns of its own), less every
+    pass a flag turns off (`layout=False` removes `layout`, `im2col=False` `im2col`,
+    `tuning=False` `apply-tuning`, `fuse=False` `fuse`). Every pass is looked up and its
+    options parsed, so a bad `-p` is a located CompileError before any work; the text is the
+    passes' own spelling (options that differ from their defaults)."""
     from nfc.passmanager import build_pipeline, format_pipeline
 
+    if target not in TARGETS:
+        raise ValueError(f"unknown target '{target}'")
     drop = {FLAG_PASSES[flag] for flag, on in (("im2col", im2col), ("tuning", tuning),
-                                                ("fuse", fuse)) if not on}
+                                                ("fuse", fuse), ("layout", layout)) if not on}
+    if pipeline is None and (_is_ir_file(source) or target != "cpu" or not im2col):
+        drop.add(FLAG_PASSES["layout"])
     if pipeline is None and _is_ir_file(source):
         drop.update(MODEL_PIPELINE.split(","))
     text = BUILD_PIPELINE if pipeline is None else pipeline
@@ -89,13 +107,14 @@ def pipeline_for(source: str | Path, pipeline: str | None = None, *, im2col: boo
 
 
 def tune_pipeline_for(source: str | Path, pipeline: str | None = None, *,
-                      im2col: bool = True) -> str:
+                      im2col: bool = True, layout: bool = True, target: str = "cpu") -> str:
     """The pipeline `nfc tune` runs: the build pipeline (`pipeline_for`) up to its first
     `apply-tuning`, so the kernels measured are the ones that pass looks up (all of it when it
     has no `apply-tuning`)."""
     from nfc.passmanager import build_pipeline, format_pipeline
 
-    passes = build_pipeline(pipeline_for(source, pipeline, im2col=im2col))
+    passes = build_pipeline(pipeline_for(source, pipeline, im2col=im2col, layout=layout,
+                                         target=target))
     names = [p.name for p in passes]
     if FLAG_PASSES["tuning"] in names:
         passes = passes[:names.index(FLAG_PASSES["tuning"])]
@@ -307,6 +326,8 @@ class Built:
     """One line on the tuned schedules used (empty when the cache was not consulted)."""
     pipeline: str = ""
     """The pipeline that built the module (set by `compile_model`)."""
+    layout: str = ""
+    """The `layout` pass's one-line summary (its decision), empty without the pass."""
 
 
 def build_library(module: Module, output: str | None = None, *, profile: bool = False,
@@ -387,12 +408,13 @@ def apply_tuning(module: Module) -> str:
 def compile_model(source: str | Path, output: str | None = None, *,
                   settings: Sequence[str] = (), pipeline: str | None = None,
                   profile: bool = False, use_cache: bool = True, tuning: bool = True,
-                  fuse: bool = True, im2col: bool = True, verify: bool = True,
-                  print_ir_after: bool | Collection[str] = (),
+                  fuse: bool = True, im2col: bool = True, layout: bool = True,
+                  verify: bool = True, print_ir_after: bool | Collection[str] = (),
                   time_passes: bool = False, model: str | None = None) -> Built:
     """The frontend, the build pipeline and the artifact for the model file `source`.
 
-    The pipeline is `pipeline_for(source, pipeline, im2col=, tuning=, fuse=)`: the default
+    The pipeline is `pipeline_for(source, pipeline, im2col=, tuning=, fuse=, layout=)`: the
+    default
     build pipeline, or `pipeline` (the whole of it, as `-p`), less the passes the flags turn
     off. `verify`, `print_ir_after` are the pass manager's; `time_passes` prints the time of
     the frontend, each pass and codegen to stderr at the end. `model` chooses among the
@@ -401,7 +423,8 @@ def compile_model(source: str | Path, output: str | None = None, *,
 
     check_model_source(source)
     params, opt = parse_settings(settings)
-    text = pipeline_for(source, pipeline, im2col=im2col, tuning=tuning, fuse=fuse)
+    text = pipeline_for(source, pipeline, im2col=im2col, tuning=tuning, fuse=fuse,
+                        layout=layout)
     timings = Timings()
     module, ctx = build_module(source, params, opt, text, verify=verify,
                                print_ir_after=print_ir_after, timings=timings, model=model)
@@ -409,6 +432,7 @@ def compile_model(source: str | Path, output: str | None = None, *,
     built = build_library(module, output, profile=profile, use_cache=use_cache)
     timings.add("codegen" + (" (cached)" if built.cached else ""), time.perf_counter() - t0)
     built.tuning = ctx.remarks.get(FLAG_PASSES["tuning"], "")
+    built.layout = ctx.remarks.get(FLAG_PASSES["layout"], "")
     built.pipeline = text
     if time_passes:
         print(timings.report(), file=sys.stderr)
@@ -440,7 +464,7 @@ def check_model_source(source: str | Path) -> None:
 def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: bool = False,
                use_cache: bool = True, pipeline: str | None = None, tuning: bool = True,
                log: Any = None, fuse: bool = True, im2col: bool = True,
-               model: str | None = None):  # -> Model
+               layout: bool = True, model: str | None = None):  # -> Model
     """A loaded model from a `.so` (settings must be empty) or a model file (compiled by
     `compile_model` with these options; `log(line)` hears which tuned schedules were
     used)."""
@@ -454,7 +478,7 @@ def load_model(source: str | Path, *, settings: Sequence[str] = (), profile: boo
         return load(src)
     built = compile_model(src, settings=settings, pipeline=pipeline, profile=profile,
                           use_cache=use_cache, tuning=tuning, fuse=fuse, im2col=im2col,
-                          model=model)
+                          layout=layout, model=model)
     if log is not None and built.tuning:
         log(f"nfc: {built.tuning}")
     return load(built.path)

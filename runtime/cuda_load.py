@@ -122,7 +122,7 @@ def build_cuda_module(source: str | Path, settings: Sequence[str] = (), *,
     from nfc.runtime.build import build_module, parse_settings, pipeline_for
 
     params, opt = parse_settings(list(settings))
-    text = pipeline if pipeline is not None else pipeline_for(source)
+    text = pipeline if pipeline is not None else pipeline_for(source, target="cuda")
     return build_module(source, params, opt, text, model=model, **pass_manager)[0]
 
 

@@ -75,6 +75,9 @@ class TrainConfig:
     """Group computes into kernels (the fuse pass) when compiling a model file."""
     im2col: bool = True
     """Gather convolution windows into columns (the im2col pass) when compiling."""
+    layout: bool = True
+    """Let the layout pass block activations and weights where it decides to (`--no-layout`
+    removes it)."""
     pipeline: str | None = None
     """The whole pipeline run after the frontend when compiling (`-p`); None: the build
     pipeline (nfc.runtime.build.pipeline_for, which the three flags above edit)."""
@@ -292,7 +295,7 @@ def _open_cuda(cfg: TrainConfig) -> _Opened:
         if cfg.lr is not None:
             settings.append(f"opt.lr={cfg.lr}")
         pipeline = pipeline_for(cfg.source, cfg.pipeline, im2col=cfg.im2col, tuning=cfg.tuning,
-                                fuse=cfg.fuse)
+                                fuse=cfg.fuse, layout=cfg.layout, target="cuda")
         module = build_cuda_module(cfg.source, settings, pipeline=pipeline, model=cfg.model,
                                    verify=cfg.verify, print_ir_after=cfg.print_ir_after)
         from nfc.runtime.cuda_load import simulate_requested, tuned_gpu_schedules
@@ -347,11 +350,14 @@ def _open_model(cfg: TrainConfig) -> _Opened:
             settings.append(f"opt.lr={cfg.lr}")
         built = compile_model(cfg.source, settings=settings, profile=cfg.profile,
                               use_cache=cfg.use_cache, tuning=cfg.tuning, fuse=cfg.fuse,
-                              im2col=cfg.im2col, pipeline=cfg.pipeline, verify=cfg.verify,
+                              im2col=cfg.im2col, layout=cfg.layout, pipeline=cfg.pipeline,
+                              verify=cfg.verify,
                               print_ir_after=cfg.print_ir_after,
                               time_passes=cfg.time_passes, model=cfg.model)
         if cfg.progress and built.tuning:
             cfg.log(f"nfc: {built.tuning}")
+        if cfg.progress and built.layout:
+            cfg.log(f"nfc: layout: {built.layout}")
         model = load(built.path)
         cached = built.cached
         if built.module.has_func("forward"):

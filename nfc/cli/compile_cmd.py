@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"no function {', '.join(missing)} in the module (has: {have})")
     funcs = args.functions or None
     notes = [ctx.remarks.get("apply-tuning", ""),  # and the fusion reward's device parameters
-             *(f"fuse: {r}" for r in [ctx.remarks.get("fuse", "")] if r)]
+             *(f"fuse: {r}" for r in [ctx.remarks.get("fuse", "")] if r),
+             *(f"layout: {r}" for r in [ctx.remarks.get("layout", "")] if r)]
     code = _emit(args, src, module, funcs, "\n  ".join(n for n in notes if n), timings)
     if args.time_passes:
         print(timings.report(), file=sys.stderr)
@@ -143,7 +144,8 @@ def _pipeline(args: argparse.Namespace, src: Path) -> str:
     from nfc.passmanager import build_pipeline, format_pipeline
     from nfc.runtime.build import FLAG_PASSES, pipeline_for
 
-    pipeline = ",".join(p for p in [pipeline_for(src, args.pipeline, **build_flags(args)),
+    pipeline = ",".join(p for p in [pipeline_for(src, args.pipeline, **build_flags(args),
+                                                 target=args.target),
                                      *args.passes] if p)
     pipeline = with_build_options(pipeline, args)
     if args.db is None:
@@ -153,8 +155,8 @@ def _pipeline(args: argparse.Namespace, src: Path) -> str:
     if not any(p.name == tuning for p in passes):
         raise UsageError(f"--db: the pipeline has no {tuning} pass to read it "
                          f"({pipeline or 'empty'})")
-    return format_pipeline([dataclasses.replace(p, db=args.db) if p.name == tuning else p
-                            for p in passes])
+    return format_pipeline([dataclasses.replace(p, db=args.db)
+                            if p.name in (tuning, "layout") else p for p in passes])
 
 
 def _emit(args: argparse.Namespace, src: Path, module: Any, funcs: list[str] | None, note: str,

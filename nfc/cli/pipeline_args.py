@@ -12,6 +12,8 @@ from nfc.cli import UsageError
 
 #: The build flags and the pass each one removes (nfc.runtime.build.FLAG_PASSES).
 BUILD_FLAGS = {
+    "layout": "never store activations and weights blocked by channel: remove the layout pass "
+              "(on by default where a measured rule or `nfc tune` finds it faster)",
     "im2col": "keep convolutions as loop nests: remove the im2col pass, which gathers their "
               "windows into columns before autodiff (less memory)",
     "tuning": "ignore tuned schedules of the tuning cache (nfc tune): remove the apply-tuning "
@@ -52,7 +54,8 @@ def pass_manager_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_build_pipeline_arguments(p: argparse.ArgumentParser,
-                                 flags: tuple[str, ...] = ("im2col", "tuning", "fuse"), *,
+                                 flags: tuple[str, ...] = ("layout", "im2col", "tuning",
+                                                           "fuse"), *,
                                  pass_manager: bool = True) -> None:
     """`-p`, `--print-pipeline`, the `--no-<flag>` edits of the pipeline, and (unless
     `pass_manager` is False: the command compiles in another process) the pass manager's
@@ -90,7 +93,7 @@ class _DeviceParamsAction(argparse.Action):
 
 
 def build_flags(args: argparse.Namespace) -> dict[str, bool]:
-    """`im2col`, `tuning`, `fuse` as `nfc.runtime.build.pipeline_for` takes them (a flag a
+    """`layout`, `im2col`, `tuning`, `fuse` as `nfc.runtime.build.pipeline_for` takes them (a flag a
     command does not have is on)."""
     return {flag: not getattr(args, f"no_{flag}", False) for flag in BUILD_FLAGS}
 

@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         if is_library_path(args.file):
             raise UsageError(f"'{args.file}' is already compiled: no pipeline runs "
                              "(-p and --print-pipeline apply to model files)")
-        pipeline = pipeline_for(args.file, args.pipeline, **flags)  # a bad -p fails here
+        pipeline = pipeline_for(args.file, args.pipeline, **flags,  # a bad -p fails here
+                                target=args.target)
         if args.print_pipeline:
             print(pipeline)
             return 0
@@ -346,4 +347,5 @@ def _with_build_options(args: argparse.Namespace, flags: dict[str, bool]) -> str
     if is_library_path(args.file):
         raise UsageError(f"'{args.file}' is already compiled: --precision, --memory-budget and "
                          "--compress-activations apply to model files")
-    return with_build_options(pipeline_for(args.file, args.pipeline, **flags), args)
+    return with_build_options(pipeline_for(args.file, args.pipeline, **flags,
+                                           target=args.target), args)

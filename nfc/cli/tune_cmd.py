@@ -10,12 +10,19 @@ the best in the tuning cache, which `nfc compile` and `nfc train` then use.
     nfc tune model.nf --cluster tcp://HOST:8786      # measure on dask workers (docs/distributed.md)
     nfc tune model.nf --target cuda                  # GPU schedules timed on a GPU (docs/cuda.md)
     nfc tune model.nf --target cuda --simulate       # the search on the simulator; no cache
+    nfc tune model.nf --layout only                  # only the layout choice (off, block 8, 16)
 
 Kernels are tuned most expensive first (by a profiled step with default schedules, else by
 FLOP/byte counts); identical kernels (one layer in two models, the steps of an unrolled RNN)
 are tuned once. Every measurement is committed at once: stopping (Ctrl-C, even kill -9) loses
 at most the candidate in flight, and rerunning the same command continues where it stopped
 without measuring anything twice. See docs/tuning-cache.md.
+
+First (`--layout search`, the default, for a `.nf` model with a convolution whose build
+pipeline has `layout{when=auto}`), the layout choice: the train step built with the `layout`
+pass off and with each block this CPU can use (8; 16 with AVX-512), timed alternating; every
+median is recorded and the fastest is what `layout{when=auto}` then uses for this model on
+this machine (nfc.runtime.tuning.layout), so the kernels tuned next are the chosen layout's.
 
 The kernels are those of the build pipeline up to `apply-tuning`, the pass that later gives
 them their schedules (`--print-pipeline` shows it; `-p` and `--no-im2col` change it as they
@@ -103,8 +110,13 @@ def add_parser(subparsers: Any) -> None:
                    help="with --target cuda --simulate: the GPU the stand-in cost models "
                    "(default sm_80), and compile every candidate with NVRTC for it, rejecting "
                    "those over its register, shared-memory or spill limits")
+    p.add_argument("--layout", choices=("search", "skip", "only"), default="search",
+                   help="search: first measure the model's train step with the layout pass "
+                   "off and with each block, and record the fastest for layout{when=auto} "
+                   "(default); skip: keep the recorded choice or the rule; only: the layout "
+                   "choice and nothing else")
     add_model_argument(p)
-    add_build_pipeline_arguments(p, flags=("im2col",))
+    add_build_pipeline_arguments(p, flags=("layout", "im2col"))
     p.set_defaults(func=run)
 
 
@@ -165,11 +177,18 @@ def run(args: argparse.Namespace) -> int:
         order=args.order, measure=MeasureOptions(timeout=args.timeout),
         functions=tuple(args.functions), compare_step=args.compare_step,
         confirm=args.confirm)
-    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col)
+    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col,
+                                 layout=not args.no_layout)
+    if args.db:
+        pipeline = _with_db(pipeline, args.db)
     pm_options = pass_manager_options(args)
     if args.print_pipeline:
         print(pipeline)
         return 0
+    if args.layout != "skip" and args.mode != "heuristic":
+        code = _tune_layout(args, src, pipeline)
+        if code is not None:
+            return code
     timings = Timings()
     try:
         module = build_model(src, args.settings, pipeline, im2col=not args.no_im2col,
@@ -205,6 +224,51 @@ def run(args: argparse.Namespace) -> int:
     return 130 if report.interrupted else 0
 
 
+def _with_db(pipeline: str, db: str) -> str:
+    """`pipeline` with its `layout` pass reading the layout choice from the cache `db`."""
+    from nfc.passmanager import build_pipeline, format_pipeline
+
+    return format_pipeline([dataclasses.replace(p, db=db) if p.name == "layout" else p
+                            for p in build_pipeline(pipeline)])
+
+
+def _tune_layout(args: argparse.Namespace, src: Path, pipeline: str) -> int | None:
+    """`--layout search|only`: measure and record the model's layout choice when the
+    pipeline decides it (`layout{when=auto}`) and the model has a convolution; an exit code
+    with `only`, else None (go on with the kernels)."""
+    from nfc.passes.layout import conv_census
+    from nfc.passmanager import build_pipeline
+    from nfc.runtime.build import SettingError, frontend_module, pipeline_for
+    from nfc.runtime.tuning.layout import tune_layout
+    from nfc.runtime.tuning.model import CacheError
+    from nfc.settings import parse_settings
+
+    auto = any(p.name == "layout" and p.when == "auto" for p in build_pipeline(pipeline))
+    why = ""
+    if not auto:
+        why = "the pipeline does not decide the layout (no layout{when=auto})"
+    else:
+        try:
+            params, opt = parse_settings(list(args.settings))
+            if not conv_census(frontend_module(src, params, opt, model=args.model)):
+                why = "no convolution"
+        except SettingError as exc:
+            raise UsageError(str(exc)) from None
+    if why:
+        if args.layout == "only":
+            raise UsageError(f"--layout only: nothing to choose: {why}")
+        return None
+    build = pipeline_for(src, args.pipeline, im2col=not args.no_im2col)
+    try:
+        won, medians = tune_layout(src, args.settings, model=args.model, pipeline=build,
+                                   db=args.db)
+    except CacheError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.quiet:
+        print("layout: " + ", ".join(f"{c} {t * 1e3:.3f} ms" for c, t in medians.items())
+              + f" per train step; recorded: {won}", file=sys.stderr)
+    return 0 if args.layout == "only" else None
+
 
 def _run_cuda(args: argparse.Namespace, src: Path) -> int:
     """`--target cuda`: the genetic search over each compute's GPU schedule space, on the GPU
@@ -227,7 +291,8 @@ def _run_cuda(args: argparse.Namespace, src: Path) -> int:
         ("--reproducible", args.reproducible)) if given]
     if unsupported:
         raise UsageError(f"{', '.join(unsupported)}: not supported with --target cuda yet")
-    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col)
+    pipeline = tune_pipeline_for(src, args.pipeline, im2col=not args.no_im2col,
+                                 layout=not args.no_layout, target="cuda")
     if args.print_pipeline:
         print(pipeline)
         return 0

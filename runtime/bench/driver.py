@@ -84,12 +84,14 @@ class BenchOptions:
     """nfc's kernels take tuned schedules from the tuning cache (`--no-tuning`)."""
     fuse: bool = True
     """nfc builds with the fuse pass (`--no-fuse` removes it)."""
+    layout: bool = True
+    """nfc builds with the layout pass where it decides to (`--no-layout` removes it)."""
 
     def pipeline_spec(self) -> dict[str, Any]:
         """The part of a compile worker's spec that chooses its pipeline
         (nfc.runtime.bench.worker.case_pipeline)."""
         return {"pipeline": self.pipeline, "im2col": self.im2col, "tuned": self.tuning,
-                "fuse": self.fuse}
+                "fuse": self.fuse, "layout": self.layout}
 
 
 def available(framework: str) -> str | None:

@@ -133,7 +133,8 @@ def case_pipeline(spec: Mapping[str, Any]) -> str:
     from nfc.runtime.build import pipeline_for
 
     return pipeline_for(spec["source"], spec.get("pipeline"), im2col=spec.get("im2col", True),
-                        tuning=spec.get("tuned", True), fuse=spec.get("fuse", True))
+                        tuning=spec.get("tuned", True), fuse=spec.get("fuse", True),
+                        layout=spec.get("layout", True))
 
 
 def run_case(spec: Mapping[str, Any]) -> dict[str, Any]:

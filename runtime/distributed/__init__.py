@@ -144,7 +144,8 @@ def prepare(cfg: Any) -> tuple[Any, Distributed | None]:
     if cfg.mode == "dynamic":
         raise TrainError("--mode dynamic does not combine with several ranks yet")
     text = with_data_parallel(pipeline_for(cfg.source, cfg.pipeline, im2col=cfg.im2col,
-                                           tuning=cfg.tuning, fuse=cfg.fuse), opts)
+                                           tuning=cfg.tuning, fuse=cfg.fuse,
+                                           layout=cfg.layout), opts)
     cfg = dataclasses.replace(cfg, pipeline=text)
     if comm.rank != 0:
         cfg = dataclasses.replace(cfg, metrics=None, plot=None, progress=False,

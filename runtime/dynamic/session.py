@@ -747,8 +747,15 @@ def start_session(cfg: Any, model: Model, metrics: Callable[[dict[str, Any]], No
         settings.append(f"batch={cfg.batch}")
     if cfg.lr is not None:
         settings.append(f"opt.lr={cfg.lr}")
+    pipeline = cfg.pipeline
+    if not getattr(cfg, "layout", True):  # `--no-layout`: the candidates without it too
+        from nfc.codegen.artifact.container import is_library_path
+        from nfc.runtime.build import pipeline_for
+
+        if not is_library_path(cfg.source):
+            pipeline = pipeline_for(cfg.source, pipeline, im2col=cfg.im2col, layout=False)
     job = {"source": os.path.abspath(cfg.source), "settings": settings,
-           "pipeline": cfg.pipeline, "im2col": cfg.im2col, "fuse": cfg.fuse,
+           "pipeline": pipeline, "im2col": cfg.im2col, "fuse": cfg.fuse,
            "profile": cfg.profile, "current": os.path.abspath(model.path),
            "model": getattr(cfg, "model", None)}
     opts = replace(_options(cfg), planned_steps=planned_steps)

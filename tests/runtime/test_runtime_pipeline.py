@@ -91,7 +91,8 @@ def test_every_command_prints_and_runs_the_same_pipeline(capsys, monkeypatch, fl
 
 def test_the_default_pipeline(capsys):
     assert build.pipeline_for(TINY) == build.BUILD_PIPELINE == (
-        "im2col,training-functions,inline,canonicalize,cse,dce,apply-tuning,fuse")
+        "layout{when=auto},im2col,training-functions,inline,canonicalize,cse,dce,"
+        "apply-tuning,fuse")
     # a .nfir module is taken as it is: no model-building passes
     assert build.pipeline_for("m.nfir") == "inline,canonicalize,cse,dce,apply-tuning,fuse"
     # -p is the whole pipeline (in the passes' own spelling); the flags edit it as well
@@ -101,8 +102,8 @@ def test_the_default_pipeline(capsys):
     assert code == 0 and out == "cse,fuse{max-ops=4}\n"
     # --emit=ir runs the pipeline codegen gets, apply-tuning included
     code, out, _ = _out(capsys, "compile", TINY, "--emit=ir", "--print-pipeline")
-    assert code == 0 and out == ("im2col,training-functions,inline,canonicalize,cse,dce,"
-                                 "apply-tuning,fuse\n")
+    assert code == 0 and out == ("layout{when=auto},im2col,training-functions,inline,"
+                                 "canonicalize,cse,dce,apply-tuning,fuse\n")
 
 
 def test_print_pipeline_of_a_library_is_a_usage_error(capsys, tmp_path):
