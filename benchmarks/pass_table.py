@@ -14,12 +14,14 @@ side by side with PyTorch eager, torch.compile and JAX: the table of docs/perfor
     .venv/bin/python benchmarks/pass_table.py --all --baselines bench.jsonl
 
 **Variants.** `--passes` is a list in pipeline syntax (default
-`layout,swap-operands,parallel-fusion,param-layout`); each entry edits the default build
+`no-layout,layout,swap-operands,parallel-fusion,param-layout`); each entry edits the default build
 pipeline of `nfc compile` (nfc.runtime.build.pipeline_for) as the pass is meant to be used:
 
-    layout              nfc.passes.layout.with_layout (`layout` before `im2col`: it blocks
-                        the forward that autodiff then differentiates; without that helper,
-                        `inline,canonicalize,cse,dce,layout` first)
+    no-layout           the default's `layout{when=auto}` removed (`--no-layout`: nothing
+                        blocked; not part of "all")
+    layout              nfc.passes.layout.with_layout (`layout` before `im2col`, forced on:
+                        it blocks the forward that autodiff then differentiates; without
+                        that helper, `inline,canonicalize,cse,dce,layout` first)
     param-layout        `--param-layout concat`: parallel-fusion{layout=true} before
                         `training-functions` (nfc.passes.parallel_fusion.with_param_layout)
     parallel-fusion     `parallel-fusion,canonicalize,cse,dce` after the cleanup, before
@@ -77,9 +79,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_PASSES = "layout,swap-operands,parallel-fusion,param-layout"
+DEFAULT_PASSES = "no-layout,layout,swap-operands,parallel-fusion,param-layout"
 #: Pseudo-passes: option names of the build, with the registered pass each one needs.
-PSEUDO = {"param-layout": "parallel-fusion"}
+PSEUDO = {"param-layout": "parallel-fusion", "no-layout": "layout"}
+#: Entries that switch something off: not part of "all".
+OFF = frozenset({"no-layout"})
 #: Relative difference of first losses beyond which the variants did not start alike.
 LOSS_RTOL = 1e-3
 #: ... and of the losses after the timed steps (as many for every variant, on the same batch:
@@ -127,6 +131,10 @@ def _edit(pipeline: str, name: str, options: str) -> str:
     """`pipeline` with the pass `name` (and its option text `{...}`) switched on."""
     if name == "layout":
         return _with_layout(pipeline, options)
+    if name == "no-layout":  # the default's automatic choice removed (`--no-layout`)
+        from nfc.passmanager import build_pipeline, format_pipeline
+
+        return format_pipeline([p for p in build_pipeline(pipeline) if p.name != "layout"])
     if name == "param-layout":
         from nfc.passes.parallel_fusion import with_param_layout
 
@@ -169,7 +177,8 @@ def variants(passes: str, base: str, say: Callable[[str], None]) -> list[Variant
         if text == base:
             say(f"note: '{label}' leaves the build pipeline unchanged")
         out.append(Variant(label, text))
-        edits.append((spec.name, opts))
+        if spec.name not in OFF:
+            edits.append((spec.name, opts))
     if len(edits) > 1:
         text = base
         for name, opts in edits:
