@@ -4,7 +4,9 @@ columns (and optionally A into panels of MR rows), K blocked by KC and M by MC f
 an MR x NR register-blocked micro-kernel (broadcast A, vector loads of B, FMAs into MR*NR/W
 vector accumulators) with the k loop unrolled; the micro-kernel chosen per GEMM shape, B left
 unpacked where its panels would be read too few times, and the orientation swapped (`C^T =
-B^T A^T`) where B's panels would be a transposing pack (docs/codegen.md, "Schedule spaces").
+B^T A^T`) where B's panels would be a transposing pack of the larger operand or of an N
+narrower than a vector; B's panels looped outermost, the batch inside, where B is shared by
+the batch and larger than an L2 (`jouter`) (docs/codegen.md, "Schedule spaces").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from nfc.codegen.cpu import CpuTarget, host_target
 from nfc.codegen.schedule import Pack, Schedule, Split
 from nfc.contraction import GatherView, match_contraction, plain_names
-from nfc.ir import ComputeOp, DType
+from nfc.ir import ComputeOp, DType, Index, Load
 
 __all__ = ["GEMM_DEFAULTS", "GEMM_PARAMS", "PACK_B_TILES", "GemmPattern", "GemmSpace",
            "match_gemm"]
@@ -40,10 +42,12 @@ GEMM_PARAMS: dict[str, tuple[int, ...]] = {
     "pack_b": (0, 1),
     "swap": (0, 1),
     "parallel": (0, 1),
+    "jouter": (0, 1),
 }
 #: GEMM parameters added after records were first stored, with the value a record that lacks
-#: one meant (a record without `pack_b` packed B, one without `swap` did not swap).
-GEMM_DEFAULTS: dict[str, int] = {"pack_b": 1, "swap": 0}
+#: one meant (a record without `pack_b` packed B, one without `swap` did not swap, one
+#: without `jouter` ran the batch loops outermost).
+GEMM_DEFAULTS: dict[str, int] = {"pack_b": 1, "swap": 0, "jouter": 0}
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,20 @@ class GemmSpace:
         (measured on one thread: ResNet-18's 16 x 144 x 16384 weight gradient at 170 GFLOP/s
         swapped vs 41, LeNet-5's second at 160 vs 72)."""
         size = [math.prod(v.type.shape) for v in self.op.operands]
-        return not self._rows_contiguous(self.p) and size[self.p.a] <= size[self.p.b]
+        if self._rows_contiguous(self.p):
+            return False
+        return size[self.p.a] <= size[self.p.b] or self._narrow_n()
+
+    def _narrow_n(self) -> bool:
+        """Whether N is narrower than a vector and M fills the lanes better: a batched GEMM
+        with a short last axis, such as the capsule convolution of CapsNet (`y[n, p, ij, d]`,
+        N = d = 8 of 16 AVX-512 lanes, M = ij = 36), computes half-empty vectors and packs B
+        zero-padded to twice its size (the capsule weights: 40.5 MiB of panels for 20.2 MiB);
+        swapped, the lanes run along M (36 of 48) and B is read as broadcasts, unpacked."""
+        def fill(x: int) -> float:
+            return x / (-(-x // self.w) * self.w)
+
+        return self.n < self.w and fill(self.m) > fill(self.n)
 
     def micro_tile(self, m: int | None = None, n: int | None = None) -> tuple[int, int]:
         """(mr, nv) of the default micro-kernel for a GEMM of M = `m`, N = `n` (default the
@@ -127,10 +144,12 @@ class GemmSpace:
         mr broadcasts of A at half the FMA rate, plus the loop and the tile's share of C),
         scaled by the fraction of the computed tile that M and N fill; nv of 1, 2 or 4 (a
         48-column panel leaves ragged tails: 70 vs 165 GFLOP/s on a convolution with
-        N = 1024). It picks 6 x 64 for large GEMMs (measured on one Zen 5 thread: 1024^3 at
-        222 GFLOP/s vs 193 with the former 12 x 32) and for M = 16 (a 12-row tile computes 24
-        rows: 161 vs 118 GFLOP/s at 16 x 1024 x 1024). With fewer registers (AVX2) the
-        6 x 16 tile (two vectors) stays."""
+        N = 1024), and 3 where that leaves none: N of 33 to 48 (one tile: CapsNet's 36 grid
+        cells) or a multiple of 48 (its weight gradient, N = 20736: 8 x 3 instead of 4 x 4,
+        the step 1.04-1.2x faster). It picks 6 x 64 for large GEMMs (measured on one Zen 5
+        thread: 1024^3 at 222 GFLOP/s vs 193 with the former 12 x 32) and for M = 16 (a 12-row
+        tile computes 24 rows: 161 vs 118 GFLOP/s at 16 x 1024 x 1024). With fewer registers
+        (AVX2) the 6 x 16 tile (two vectors) stays."""
         regs = self.target.vector_registers
         m = self.m if m is None else m
         n = self.n if n is None else n
@@ -144,9 +163,10 @@ class GemmSpace:
             return mr, nv
         best: tuple[float, int, int, int] = (-1.0, 0, 0, 0)
         for mr in self.params["mr"]:
-            for nv in (1, 2, 4):
+            for nv in (1, 2, 3, 4):
                 if mr * nv + nv + 1 > regs or mr > max(1, m) or (
-                        nv > 1 and (nv - 1) * self.w >= n):
+                        nv > 1 and (nv - 1) * self.w >= n) or (
+                        nv == 3 and n > 3 * self.w and n % (3 * self.w)):
                     continue
                 nr = nv * self.w
                 fill = (m / (-(-m // mr) * mr)) * (n / (-(-n // nr) * nr))
@@ -166,7 +186,11 @@ class GemmSpace:
         work = self.m * self.n * self.kk
         from nfc.codegen.space import PARALLEL_WORK
 
-        parallel = work >= PARALLEL_WORK and m > mr
+        # a GEMM swapped for its narrow N (`_narrow_n`) runs one row tile per batch element:
+        # parallel over the batch loops
+        ext = {a.name: a.extent for a in self.op.all_axes}
+        batch = math.prod(ext[a] for a in p.batch) if swap else 1
+        parallel = work >= PARALLEL_WORK and (m > mr or (batch >= 2 and self._narrow_n()))
         # M blocks of at most 24 micro-tiles (A block of MC x KC in L2), balanced, and an even
         # number of them when parallel so two threads get the same work
         tiles = -(-m // mr)
@@ -175,11 +199,35 @@ class GemmSpace:
             blocks = max(2, blocks + blocks % 2)
         mc_tiles = min(48, -(-tiles // blocks))
         ku = next(x for x in (4, 2, 1) if self.kk % x == 0)
-        return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku,
+        jouter = self._jouter(p, n, nv * self.w)
+        if jouter:
+            parallel = work >= PARALLEL_WORK and n > nv * self.w
+        return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku, "jouter": jouter,
                 "pack_a": 1 if m >= 2 * mr and self.kk >= 64 and not swap else 0,
                 "pack_b": 1 if tiles > PACK_B_TILES or not self._rows_contiguous(p) or (
                     self._mixed()) or isinstance(self.op.operands[p.b], GatherView) else 0,
                 "swap": 1 if swap else 0, "parallel": 1 if parallel else 0}
+
+    def _jouter(self, p: GemmPattern, n: int, nr: int) -> int:
+        """1 when the panels of B (the vector operand) should be the outermost loop, the
+        batch loops inside them: B is indexed by no batch axis, larger than an L2 (1 MiB), and
+        reading A once per panel costs less than reading B once per batch iteration. CapsNet's
+        weight gradient `dkp[p, d, crs] = sum dy[n, p, ij, d] cols[n, ij, crs]` (with the
+        `layout` pass: stored columns, 47.8 MB at batch 16) streamed all the columns once per
+        capsule type p; with its 48-column panels outermost they stay in L2 over the 32 p's:
+        106.6 -> 25.9 ms at batch 16 on one Zen 5 thread (57 -> 237 GFLOP/s), and its input
+        gradient, whose B is the capsule weights shared by the batch, 39.4 -> 28.1 ms."""
+        if not p.batch or n <= nr:  # (one panel: nothing to run the batch inside of)
+            return 0
+        ops = self.op.operands
+        b_axes = {ix.name for ld in self.op.body.walk() if isinstance(ld, Load)
+                  and ld.tensor is ops[p.b] for ix in ld.indices if isinstance(ix, Index)}
+        if set(p.batch) & b_axes:
+            return 0
+        nbytes = [math.prod(v.type.shape) * v.type.dtype.itemsize for v in ops]
+        ext = {a.name: a.extent for a in self.op.all_axes}
+        batch = math.prod(ext[a] for a in p.batch)
+        return int(nbytes[p.b] > 1 << 20 and nbytes[p.a] * -(-n // nr) < nbytes[p.b] * batch)
 
     def _mixed(self) -> bool:
         """Whether a type is not f32 (the bf16 micro-kernel's paired dot products, `vdpbf16ps`,
@@ -222,6 +270,9 @@ class GemmSpace:
                  f"{p.k}.2", f"{p.i}.2", *jl[1:]]
         unroll = [f"{p.k}.2", f"{p.i}.2", *jl[1:-1]]
         par = [*p.batch, f"{p.i}.0"] if cfg.get("parallel") else []
+        if cfg.get("jouter"):  # the panels of B outermost, the batch loops inside (`_jouter`)
+            order = [jl[0], *[x for x in order if x != jl[0]]]
+            par = [jl[0]] if cfg.get("parallel") else []
         packs = [Pack(p.b, p.b_dim, nr)] if cfg.get("pack_b", 1) else []
         if cfg.get("pack_a"):
             packs.append(Pack(p.a, p.a_dim, mr))

@@ -147,8 +147,9 @@ def test_records_without_the_newer_parameters_are_accepted():
     op = matmul(64, 64, 64)
     assert schedule_problem(op, old) == ""
     assert schedule_space(op).is_valid(old)
-    assert set(GEMM_DEFAULTS) == {"pack_b", "swap"}
+    assert set(GEMM_DEFAULTS) == {"pack_b", "swap", "jouter"}
     assert "'swap' = 2" in template_problem({**old, "swap": 2})
+    assert "'jouter' = 2" in template_problem({**old, "jouter": 2})
     assert "'pack_b' = 7" in schedule_problem(op, {**old, "pack_b": 7})
 
 
