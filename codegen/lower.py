@@ -7,6 +7,8 @@ output or a temporary in the workspace. A contraction scheduled on its flattened
 (`schedule_view`) is lowered on that view, its buffers seen in the view's shapes. Two stages
 with a large temporary between them, both over the same batch, may run per batch element
 (`slice_plan`, nfc.codegen.lowering.slices): the temporary is then one element large.
+Independent stages whose outer loops agree then share one nest (nfc.codegen.lowering.
+horizontal; `NFC_HFUSE=0` switches it off).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from nfc.codegen.loops import Allocate, Buffer, LoopFunc, Scope, Seq, Stmt, unique_name
+from nfc.codegen.lowering import horizontal
 from nfc.codegen.lowering.axes import ScheduleError
 from nfc.codegen.lowering.reductions import identity
 from nfc.codegen.lowering.slices import BatchSlice, lower_slice, slice_stages
@@ -154,10 +157,12 @@ def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
     bufs = {id(v): b for v, b in zip([*outputs, *inputs], params, strict=True)}
     temps: list[Buffer] = []
     stmts: list[Stmt] = []
+    stages: list[ComputeOp | None] = []  # per statement: its stage (None: a batch slice)
     for item in slice_plan(op, schedule, pick):
         if isinstance(item, BatchSlice):  # stages run per batch element
             stmts.append(lower_slice(item, bufs, temps, used, lambda st, s, b: _lower_one(
                 st, s, b, used)))
+            stages.append(None)
             continue
         st, sched = item
         if id(st.result) not in bufs:
@@ -166,6 +171,11 @@ def lower(op: ComputeOp | KernelOp | Sequence[ComputeOp],
             temps.append(tb)
             bufs[id(st.result)] = tb
         stmts.append(_lower_one(st, sched, bufs, used))
+        stages.append(st)
+    if len(stmts) > 1 and horizontal.enabled():  # independent stages share nests
+        stmts = horizontal.fuse_stmts(stmts, horizontal.stage_infos(
+            stages, stmts, outputs, inputs, inplace=not (
+                isinstance(op, KernelOp) and op.attrs.get(horizontal.MEMBERS_ATTR))))
     body: Stmt = stmts[0] if len(stmts) == 1 else Seq(tuple(stmts))
     for tb in reversed(temps):
         body = Allocate(tb, body)

@@ -343,7 +343,11 @@ def build_library(module: Module, output: str | None = None, *, profile: bool = 
     from nfc.fsutil import atomic_write
 
     target = host_target()
-    key = module_key(module, profile=profile, target_key=target.key(), functions=functions)
+    from nfc.codegen.artifact.kcache import target_text
+
+    # the code generator's switches (`NFC_STRIDED_LOADS=0`, `NFC_HFUSE=0`) decide code too
+    key = module_key(module, profile=profile, target_key=target_text(target),
+                     functions=functions)
     cached = _cache_dir() / f"{key}.so"
     if use_cache:
         with contextlib.suppress(OSError):  # also closes a directory an older nfc left open

@@ -64,7 +64,8 @@ CODEGEN_MODULES = (
     "nfc.affine", "nfc.codegen.cpu", "nfc.codegen.jit", "nfc.codegen.loops",
     "nfc.codegen.lower", "nfc.codegen.lowering.axes", "nfc.codegen.lowering.tails",
     "nfc.codegen.lowering.packing", "nfc.codegen.lowering.reductions",
-    "nfc.codegen.lowering.stage", "nfc.codegen.lowering.slices", "nfc.simplify",
+    "nfc.codegen.lowering.stage", "nfc.codegen.lowering.slices",
+    "nfc.codegen.lowering.horizontal", "nfc.simplify",
     "nfc.simplify.rules", "nfc.simplify.pattern",
     "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
     "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
@@ -137,14 +138,16 @@ def schedule_json(schedule: Any) -> str:
 
 def target_text(target: CpuTarget) -> str:
     """What decides code besides the kernel: triple, CPU, features, function attributes, the
-    LLVM pipeline options and the emitter's switches (`NFC_STRIDED_LOADS=0`)."""
+    LLVM pipeline options and the code generator's switches (`NFC_STRIDED_LOADS=0`,
+    `NFC_HFUSE=0`)."""
     from nfc.codegen.jit import pipeline_options
     from nfc.codegen.llvm.exprs import strided_loads
+    from nfc.codegen.lowering.horizontal import enabled as hfuse
 
     feats = ",".join(sorted(f for f in target.features.split(",") if f))
     return (f"{target.triple}|{target.cpu}|{feats}|{'|'.join(target.function_attributes)}|"
             f"{json.dumps(pipeline_options(), sort_keys=True)}"
-            + ("" if strided_loads() else "|strided-loads=0"))
+            + ("" if strided_loads() else "|strided-loads=0") + ("" if hfuse() else "|hfuse=0"))
 
 
 def kernel_key(op: ComputeOp | KernelOp, schedule: Any, target: CpuTarget, *,

@@ -14,7 +14,9 @@ the stages in order with pointers into the group's buffers and workspace (`defin
 The stages' loop nests were separate in the group's function too, so the machine code does the
 same work, but the unrolled steps of an RNN or the repeated blocks of a ResNet, fused into groups
 that differ, still share their stages (ResNet-18: 584 stages in 59 distinct groups, 174
-distinct stages; an LSTM language model: 435 in 29, 84).
+distinct stages; an LSTM language model: 435 in 29, 84). Independent stages whose nests
+horizontal fusion merges (nfc.codegen.lowering.horizontal) are compiled together as one kernel
+of those stages (`member_kernel`), called once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from nfc.codegen.artifact.parallel import KernelJob, compile_jobs, compile_text,
 from nfc.codegen.cpu import CpuTarget
 from nfc.codegen.jit import KernelInfo, emit_lowered, lower_kernel, new_module, resolve_schedule
 from nfc.codegen.lower import group_of, group_stages, slice_plan
+from nfc.codegen.lowering import horizontal
 from nfc.codegen.lowering.slices import BatchSlice
+from nfc.codegen.schedule import GroupSchedule
 from nfc.ir import ComputeOp, KernelOp, Value
 
 
@@ -50,8 +54,10 @@ class Composite:
     holds the intermediates first) and the stage kernels it calls, in order."""
 
     info: KernelInfo
-    calls: list[tuple[str, KernelInfo, ComputeOp]]
-    """(symbol, layout for this stage's values, stage compute) per stage."""
+    calls: list[tuple[str, KernelInfo, ComputeOp | tuple[ComputeOp, ...]]]
+    """(symbol, layout for this stage's values, stage compute) per stage; the computes of
+    independent stages compiled as one kernel (nfc.codegen.lowering.horizontal) share a
+    call."""
     slices: list[tuple[int, int, BatchSlice]] = field(default_factory=list)
     """(first call, number of calls, slice): calls run per batch element, in a loop
     (nfc.codegen.lowering.slices)."""
@@ -69,6 +75,7 @@ class KernelSet:
         self.called: dict[str, KernelInfo] = {}
         """What the entries call, by symbol: kernels and composites."""
         self.stats: dict[str, Any] = {"lower": 0.0}
+        self._planned: dict[str, KernelInfo] = {}  # stages lowered to plan horizontal fusion
 
     def add(self, op: ComputeOp | KernelOp, schedule: Any) -> tuple[str, KernelInfo]:
         """The symbol of `op`'s kernel and its buffer layout for `op`'s own values. Raises
@@ -93,15 +100,28 @@ class KernelSet:
                 self.entries[sym].uses += 1
             _, outs, ins = group_of(op)
             return sym, KernelInfo(sym, known.loops, tuple(outs), tuple(ins))
-        info = lower_kernel(op, resolved, name=sym, target=self.target)  # checks the schedule
-        if isinstance(op, KernelOp) and len(group_stages(op, resolved)) > 1:
+        planned = self._planned.pop(key, None)  # lowered for planning (maybe another op's)
+        info = lower_kernel(op, resolved, name=sym, target=self.target) if planned is None else (
+            KernelInfo(sym, planned.loops, *map(tuple, group_of(op)[1:])))  # checks the schedule
+        if isinstance(op, KernelOp) and not op.attrs.get(horizontal.MEMBERS_ATTR) and len(
+                group_stages(op, resolved)) > 1:
             from nfc.codegen.space import default_schedule
 
-            calls: list[tuple[str, KernelInfo, ComputeOp]] = []
+            calls: list[tuple[str, KernelInfo, ComputeOp | tuple[ComputeOp, ...]]] = []
             slices: list[tuple[int, int, BatchSlice]] = []
             # the stage's schedule made explicit: lowering the group ignores the stage's own
             # `nf.schedule`, and so must the stage kernel
-            for item in slice_plan(op, resolved, lambda st: default_schedule(st, self.target)):
+            items = slice_plan(op, resolved, lambda st: default_schedule(st, self.target))
+            for group in self._horizontal(op, items):
+                if len(group) > 1:  # independent stages in one kernel (one nest)
+                    sts = tuple(items[k][0] for k in group)  # type: ignore[index]
+                    fused = horizontal.member_kernel(sts)
+                    fsym, finfo = self._add(fused, GroupSchedule(
+                        stages=tuple(items[k][1] for k in group)))  # type: ignore[index]
+                    calls.append((fsym, KernelInfo(fsym, finfo.loops, tuple(
+                        st.result for st in sts), finfo.inputs), sts))
+                    continue
+                item = items[group[0]]
                 if isinstance(item, BatchSlice):  # one-image stages, called per batch element
                     slices.append((len(calls), len(item.stages), item))
                     for st, st_sched in item.stages:
@@ -116,6 +136,29 @@ class KernelSet:
         self.entries[sym] = KernelEntry(
             key, op, None if resolved is None else resolved.to_dict(), info)
         return sym, info
+
+    def _horizontal(self, op: KernelOp, items: list) -> list[list[int]]:
+        """The group's stages (`slice_plan` items, by position) in the groups that share a
+        nest, in the order they run (nfc.codegen.lowering.horizontal); one each when
+        `NFC_HFUSE=0`."""
+        if not horizontal.enabled() or len(items) < 2:
+            return [[k] for k in range(len(items))]
+        stages = [None if isinstance(it, BatchSlice) else it[0] for it in items]
+        nests = [None if st is None else self._stage_loops(st, it[1]).body
+                 for st, it in zip(stages, items, strict=True)]
+        _, outs, ins = group_of(op)
+        return horizontal.plan_groups(horizontal.stage_infos(stages, nests, outs, ins))
+
+    def _stage_loops(self, st: ComputeOp, schedule: Any) -> Any:
+        """The loop IR of stage `st`: its kernel's when known, else lowered now and kept for
+        `_add` (which lowers it only if the stage is called alone)."""
+        key = kernel_key(st, schedule, self.target)
+        sym = kernel_symbol(key)
+        if sym in self.entries:
+            return self.entries[sym].info.loops
+        if key not in self._planned:
+            self._planned[key] = lower_kernel(st, schedule, name=sym, target=self.target)
+        return self._planned[key].loops
 
     def define_composites(self, llmod: Any) -> None:
         """Define every composite as an internal function of `llmod` (declaring its stage
@@ -199,12 +242,13 @@ def _emit_composite(llmod: Any, sym: str, comp: Composite) -> None:
         whole.update(bs.sliced)
         loop_of.update({first + j: bs for j in range(count)})
     off = 0
-    for _, _, st in comp.calls:
-        v = whole.get(id(st.result), st.result)
-        if id(v) not in where:
-            assert ws is not None
-            where[id(v)] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
-            off += -(-v.type.nbytes // 64) * 64
+    for _, _, sts in comp.calls:
+        for st in sts if isinstance(sts, tuple) else (sts,):  # a horizontal group: several
+            v = whole.get(id(st.result), st.result)
+            if id(v) not in where:
+                assert ws is not None
+                where[id(v)] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
+                off += -(-v.type.nbytes // 64) * 64
     need = off + max(si.workspace_bytes for _, si, _ in comp.calls)
     assert need <= info.workspace_bytes, (need, info.workspace_bytes)
     width = max(si.n_buffers for _, si, _ in comp.calls)

@@ -9,6 +9,7 @@
 - `reductions`: accumulators: where they start, their scope, initialisation, update and
   write-back.
 - `stage`: `lower_stage`, the above put together.
+- `horizontal`: independent stages of a group fused into one nest (after they are lowered).
 
 Nothing here is CPU-specific: the result is loop IR (`nfc.codegen.loops`), which the LLVM
 emitter renders and a GPU lowering can reuse. `nfc.codegen.lower` lowers whole kernels

@@ -290,9 +290,12 @@ nf.module @groups {
 """
 
 
-def test_groups_compile_stage_by_stage_and_share_stages(cache_dir, tmp_path):
+def test_groups_compile_stage_by_stage_and_share_stages(cache_dir, tmp_path, monkeypatch):
     from nfc.runtime.loader import load
 
+    # stage by stage as such: horizontal fusion would compile the two independent row sums
+    # as one kernel (tests/codegen/test_codegen_horizontal.py)
+    monkeypatch.setenv("NFC_HFUSE", "0")
     module = parse_module(GROUPS)
     art = build_artifact(module, split=1)
     ks = art.kernel_set
