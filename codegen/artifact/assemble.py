@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nfc.blocked import blocked_index_map, is_blocked
@@ -206,7 +206,7 @@ def _kernel_info(info: KernelInfo, op: Op) -> KernelInfo:
     yields, the function's other ops read the op's results."""
     if not isinstance(op, KernelOp):
         return info
-    return KernelInfo(info.name, info.loops, tuple(op.results), info.inputs)
+    return replace(info, outputs=tuple(op.results))  # a composite's workspace too
 
 
 def build_artifact(module: Module, *, functions: Sequence[str] | None = None,

@@ -21,6 +21,7 @@ of those stages (`member_kernel`), called once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from nfc.codegen.lowering import horizontal
 from nfc.codegen.lowering.slices import BatchSlice
 from nfc.codegen.schedule import GroupSchedule
 from nfc.ir import ComputeOp, KernelOp, Value
+from nfc.passes.memplan import LiveBuffer, plan_offsets
 
 
 @dataclass
@@ -61,6 +63,57 @@ class Composite:
     slices: list[tuple[int, int, BatchSlice]] = field(default_factory=list)
     """(first call, number of calls, slice): calls run per batch element, in a loop
     (nfc.codegen.lowering.slices)."""
+
+
+@dataclass(frozen=True)
+class CompositeInfo(KernelInfo):
+    """A composite's buffers: the group's (`loops` is the group's loop IR), but the workspace
+    its calls need (`composite_layout`), which is smaller than the group's loop IR's when
+    intermediates whose lifetimes do not overlap share bytes."""
+
+    ws_bytes: int = 0
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.ws_bytes
+
+
+def composite_layout(comp: Composite) -> tuple[dict[int, int], dict[int, int], int]:
+    """Workspace offsets of a composite's intermediates (by value id; a one-image value of a
+    batch slice by its batch tensor's) and of each call's own workspace (by call), and the
+    bytes they need. An intermediate is live from the call that writes it to the last call
+    that reads it, a call's workspace during that call (every call of a batch-slice loop
+    counts as the whole loop); buffers whose lives do not overlap share bytes
+    (nfc.passes.memplan.plan_offsets). A group whose stages each consume the previous
+    stage's value, such as a chain of gradient accumulations, needs a few intermediates'
+    bytes rather than all of them."""
+    info = comp.info
+    outer = {id(v) for v in (*info.outputs, *info.inputs)}
+    whole: dict[int, Value] = {}
+    span: dict[int, tuple[int, int]] = {}
+    for first, count, bs in comp.slices:
+        whole.update(bs.sliced)
+        span.update({first + j: (first, first + count - 1) for j in range(count)})
+    live: dict[int, list[int]] = {}  # value id -> [first call, last call, bytes]
+    work: list[LiveBuffer] = []
+    for k, (_, si, sts) in enumerate(comp.calls):
+        lo, hi = span.get(k, (k, k))
+        for st in sts if isinstance(sts, tuple) else (sts,):
+            v = whole.get(id(st.result), st.result)
+            if id(v) not in outer and id(v) not in live:
+                live[id(v)] = [lo, hi, v.type.nbytes]
+        for v in si.inputs:
+            r = live.get(id(whole.get(id(v), v)))
+            if r is not None:
+                r[1] = max(r[1], hi)
+        if si.workspace_bytes:
+            work.append(LiveBuffer(("ws", k), si.workspace_bytes, lo, hi))
+    buffers = [LiveBuffer(("v", key), size, lo, hi) for key, (lo, hi, size) in live.items()]
+    plan = plan_offsets(buffers + work)
+    values = {b.key[1]: plan.offsets[b.key] for b in buffers}
+    calls = {b.key[1]: plan.offsets[b.key] for b in work}
+    need = max((plan.offsets[b.key] + b.size for b in (*buffers, *work)), default=0)
+    return values, calls, need
 
 
 class KernelSet:
@@ -99,7 +152,8 @@ class KernelSet:
             if sym in self.entries:
                 self.entries[sym].uses += 1
             _, outs, ins = group_of(op)
-            return sym, KernelInfo(sym, known.loops, tuple(outs), tuple(ins))
+            return sym, dataclasses.replace(known, name=sym, outputs=tuple(outs),
+                                            inputs=tuple(ins))
         planned = self._planned.pop(key, None)  # lowered for planning (maybe another op's)
         info = lower_kernel(op, resolved, name=sym, target=self.target) if planned is None else (
             KernelInfo(sym, planned.loops, *map(tuple, group_of(op)[1:])))  # checks the schedule
@@ -131,7 +185,11 @@ class KernelSet:
                 st, st_sched = item
                 ssym, sinfo = self._add(st, st_sched)
                 calls.append((ssym, sinfo, st))
-            self.composites[sym] = Composite(info, calls, slices)
+            comp = Composite(info, calls, slices)
+            need = composite_layout(comp)[2]
+            assert need <= info.workspace_bytes, (need, info.workspace_bytes)
+            comp.info = info = CompositeInfo(sym, info.loops, info.outputs, info.inputs, need)
+            self.composites[sym] = comp
             return sym, info
         self.entries[sym] = KernelEntry(
             key, op, None if resolved is None else resolved.to_dict(), info)
@@ -214,8 +272,8 @@ class KernelSet:
 
 def _emit_composite(llmod: Any, sym: str, comp: Composite) -> None:
     """`void sym(ptr buffers)`: the group's buffers as in `comp.info` (outputs, inputs, then
-    the workspace); intermediates at the workspace offsets the group's loop IR gives them
-    (in stage order, 64-byte aligned), the stages' own workspace after them."""
+    the workspace); intermediates and the stages' own workspaces at the offsets of
+    `composite_layout` (sharing bytes when their lifetimes do not overlap)."""
     from llvmlite import ir
 
     ptr_t, i8, i64 = ir.PointerType(), ir.IntType(8), ir.IntType(64)
@@ -241,16 +299,11 @@ def _emit_composite(llmod: Any, sym: str, comp: Composite) -> None:
     for first, count, bs in comp.slices:
         whole.update(bs.sliced)
         loop_of.update({first + j: bs for j in range(count)})
-    off = 0
-    for _, _, sts in comp.calls:
-        for st in sts if isinstance(sts, tuple) else (sts,):  # a horizontal group: several
-            v = whole.get(id(st.result), st.result)
-            if id(v) not in where:
-                assert ws is not None
-                where[id(v)] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
-                off += -(-v.type.nbytes // 64) * 64
-    need = off + max(si.workspace_bytes for _, si, _ in comp.calls)
+    offsets, call_ws, need = composite_layout(comp)
     assert need <= info.workspace_bytes, (need, info.workspace_bytes)
+    for key, off in offsets.items():
+        assert ws is not None
+        where[key] = b.gep(ws, [ir.Constant(i64, off)], source_etype=i8)
     width = max(si.n_buffers for _, si, _ in comp.calls)
     arr = b.alloca(ir.ArrayType(ptr_t, width), name="buffers")
     arr.type = ptr_t  # llvmlite types allocas as typed pointers; the IR uses opaque `ptr`
@@ -276,7 +329,7 @@ def _emit_composite(llmod: Any, sym: str, comp: Composite) -> None:
                 ptrs.append(where[id(v)])
         if si.workspace_bytes:
             assert ws is not None
-            ptrs.append(b.gep(ws, [ir.Constant(i64, off)], source_etype=i8))
+            ptrs.append(b.gep(ws, [ir.Constant(i64, call_ws[k])], source_etype=i8))
         for j, p in enumerate(ptrs):
             b.store(p, b.gep(arr, [ir.Constant(i64, j)], source_etype=ptr_t))
         callee = llmod.globals.get(ssym)

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from nfc.diagnostics import error
 from nfc.ir import Block, ComputeOp, Func, KernelOp, Module, Op, YieldOp
+from nfc.passes.fusion.accumulate import split_sums
 from nfc.passes.fusion.device import DEFAULT_DEVICE, DeviceParams, measured_device_params
 from nfc.passes.fusion.partition import Decision, Group, Options, Partitioner
 from nfc.passes.fusion.reward import CostModel
@@ -53,7 +54,9 @@ class Fuse(ModulePass):
     Groups of one compute stay plain computes. Each kernel records its reward and savings
     in `nf.fusion = {reward_us, bytes_saved, flops_saved, launches_saved, regions_saved,
     recomputed, est_us}` (estimates, µs); existing kernels and calls are left alone, so
-    running the pass again changes nothing and a recorded grouping replays as it is.
+    running the pass again changes nothing and a recorded grouping replays as it is. Large
+    sums of many gradient contributions become running sums first
+    (nfc.passes.fusion.accumulate), never one kernel.
     """
 
     name: ClassVar[str] = "fuse"
@@ -183,6 +186,7 @@ def fuse_func(func: Func, model: CostModel, opts: Options | None = None,
     the number of the first step (`[0]` by default) and gets the next function's."""
     if sum(isinstance(op, ComputeOp) for op in func.body.ops) < 2:
         return []
+    split_sums(func)  # gradient sums as running sums: contributions die early
     part = Partitioner(func, model, opts or Options(), steps[0] if steps else 0)
     part.run()
     if steps:

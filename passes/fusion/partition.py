@@ -31,11 +31,18 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from nfc.ir import ComputeOp, Func, Op, ReturnOp
+from nfc.passes.fusion.accumulate import ACCUMULATE_ATTR
 from nfc.passes.fusion.reward import EMPTY, CostModel, GroupCost
 from nfc.passes.memplan import LATE_PHASES
 
 #: The consumer id standing for the function's `nf.return`.
 RETURN = -1
+
+
+def _sums(members: list[Op]) -> set[str]:
+    """The running sums (`nf.accumulate`, nfc.passes.fusion.accumulate) `members` add to."""
+    return {str(op.attrs[ACCUMULATE_ATTR]) for op in members
+            if isinstance(op, ComputeOp) and ACCUMULATE_ATTR in op.attrs}
 
 
 @dataclass
@@ -286,6 +293,8 @@ class Partitioner:
         ga, gb = self.groups[a], self.groups[b]
         if ga.fixed or gb.fixed or len(ga.members) + len(gb.members) > self.opts.max_ops:
             return None
+        if _sums(ga.members) & _sums(gb.members):
+            return None  # two steps of one running sum (nfc.passes.fusion.accumulate)
         merged = self._sorted(ga.members + gb.members)
         # only a value one of them yields can be yielded by the union
         inside = {id(op) for op in merged}
@@ -325,7 +334,7 @@ class Partitioner:
         a = self.group_of[id(p)]
         ga, gg = self.groups[a], self.groups[g]
         if (a == g or gg.fixed or p.reduce is not None
-                or len(gg.members) + 1 > self.opts.max_ops):
+                or len(gg.members) + 1 > self.opts.max_ops or _sums([p]) & _sums(gg.members)):
             return None
         inside = {id(op) for op in gg.members}
         if any(u == RETURN or (u not in inside and self.group_of.get(u) != a)
