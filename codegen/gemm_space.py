@@ -48,6 +48,10 @@ GEMM_PARAMS: dict[str, tuple[int, ...]] = {
 #: one meant (a record without `pack_b` packed B, one without `swap` did not swap, one
 #: without `jouter` ran the batch loops outermost).
 GEMM_DEFAULTS: dict[str, int] = {"pack_b": 1, "swap": 0, "jouter": 0}
+#: Whether the default schedule runs a parallel GEMM without batch loops over B's panels when
+#: they split more evenly over two threads than its M blocks (`GemmSpace._panels_balance`;
+#: off only to measure the rule: benchmarks/gemm_balance_ab.py).
+BALANCE_PANELS = True
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,9 @@ class GemmSpace:
         jouter = self._jouter(p, n, nv * self.w)
         if jouter:
             parallel = work >= PARALLEL_WORK and n > nv * self.w
+        elif parallel and not p.batch and BALANCE_PANELS and self._panels_balance(
+                m, n, mr, mc_tiles, nv * self.w):
+            jouter = 1  # parallel over B's panels (`_panels_balance`)
         return {"mr": mr, "nv": nv, "mc_tiles": mc_tiles, "kc": kc, "ku": ku, "jouter": jouter,
                 "pack_a": 1 if m >= 2 * mr and self.kk >= 64 and not swap else 0,
                 "pack_b": 1 if tiles > PACK_B_TILES or not self._rows_contiguous(p) or (
@@ -228,6 +235,23 @@ class GemmSpace:
         ext = {a.name: a.extent for a in self.op.all_axes}
         batch = math.prod(ext[a] for a in p.batch)
         return int(nbytes[p.b] > 1 << 20 and nbytes[p.a] * -(-n // nr) < nbytes[p.b] * batch)
+
+    @staticmethod
+    def _panels_balance(m: int, n: int, mr: int, mc_tiles: int, nr: int) -> bool:
+        """Whether two threads get more even shares of a GEMM without batch loops from B's
+        panels (NR columns each) than from its M blocks (MC rows each). With few rows the M
+        blocks split unevenly: M = 16 in 6-row tiles is blocks of 12 and 4 rows (the LSTM LM's
+        gate GEMM, 16 x 320 x 1024: two threads at most 1.33x one), M = 64 blocks of 36 and
+        28 (SC-RNN's 64 x 784 x 128). The busier of two threads gets the first half of the
+        blocks (rounded up): min(M, ceil(B/2)·MC) / M of the rows, or min(N, ceil(P/2)·NR) / N
+        of the columns with P panels; the panels are chosen when that share is at least 10 %
+        smaller (not for a share of 0.505 against 0.5: M = 784 in blocks of 132 rows). Run
+        over the panels (the panel loop outermost, as `jouter`), the sums keep their order."""
+        mc = mr * mc_tiles
+        blocks, panels = -(-m // mc), -(-n // nr)
+        rows = min(m, -(-blocks // 2) * mc) / m
+        cols = min(n, -(-panels // 2) * nr) / n
+        return panels >= 2 and cols * 1.1 <= rows
 
     def _mixed(self) -> bool:
         """Whether a type is not f32 (the bf16 micro-kernel's paired dot products, `vdpbf16ps`,

@@ -67,7 +67,7 @@ CODEGEN_MODULES = (
     "nfc.codegen.lowering.stage", "nfc.codegen.lowering.slices",
     "nfc.codegen.lowering.horizontal", "nfc.simplify",
     "nfc.simplify.rules", "nfc.simplify.pattern",
-    "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.native",
+    "nfc.codegen.schedule", "nfc.codegen.space", "nfc.codegen.gemm_space", "nfc.codegen.native",
     "nfc.codegen.llvm.emitter", "nfc.codegen.llvm.exprs", "nfc.codegen.llvm.fold",
     "nfc.codegen.llvm.intrinsics", "nfc.codegen.llvm.render", "nfc.codegen.llvm.parallel",
     "nfc.codegen.llvm.bf16dot", "nfc.codegen.llvm.threadpool", "nfc.codegen.llvm.hoist",
