@@ -71,10 +71,13 @@ class Imported:
         return p
 
     def load_into(self, model: Any) -> None:
-        """Copy the module's values into a loaded nfc model's tensors (in place)."""
+        """Copy the module's values into a loaded nfc model's tensors (in place), by their
+        logical names and shapes (`state_dict`): a parameter the build stores laid out (the
+        `layout` pass's blocked weights) is packed into its layout, not copied as raw bytes."""
+        state = model.state_dict()
         for name, arr in self.values.items():
-            dst = model.tensors[name]
-            np.copyto(dst, arr.reshape(dst.shape).astype(dst.dtype, copy=False))
+            state[name] = arr.reshape(state[name].shape).astype(state[name].dtype, copy=False)
+        model.load_state_dict(state)
 
 
 def _nf_name(text: str) -> str:
