@@ -184,7 +184,8 @@ def test_imported_residual_block_trains_like_pytorch(tmp_path, pipeline) -> None
     x = torch.rand(4, 3, 8, 8, dtype=torch.float64)
     y = torch.tensor([0, 4, 2, 1])
     _, model = _train_both(net, x, y, tmp_path, pipeline=pipeline)
-    assert bool(model.metadata.get("views")) == (pipeline is not None)
+    if pipeline is not None:  # (the default build may block it too: on AVX2, block 8)
+        assert model.metadata.get("views")
 
 
 class _Basic(torch.nn.Module):
