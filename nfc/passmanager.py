@@ -136,6 +136,12 @@ class ModulePass:
         """Rewrite `module` in place; report user-facing problems through `ctx`."""
         raise NotImplementedError(f"pass '{self.name}' does not implement apply")
 
+    def option_problem(self) -> tuple[str, str] | None:
+        """(option field, message) when an option's value is out of its range (a pass with
+        such constraints overrides this), else None: `from_options` reports it at the
+        option when the pipeline is read."""
+        return None
+
     @classmethod
     def options(cls) -> tuple[PassOption, ...]:
         """The options of this pass, in declaration order."""
@@ -176,7 +182,14 @@ class ModulePass:
             raise CompileError([Diagnostic(
                 "error", f"pass '{cls.name}' requires option '{missing[0].replace('_', '-')}'",
                 at)])
-        return cls(**values)
+        p = cls(**values)
+        bad = p.option_problem()
+        if bad is not None:
+            field_name, message = bad
+            where = next((loc for raw, loc in (option_locs or {}).items()
+                          if raw.replace("-", "_") == field_name), at)
+            raise CompileError([Diagnostic("error", message, where)])
+        return p
 
     def pipeline_text(self) -> str:
         """This pass as a pipeline entry, options that differ from their defaults included."""

@@ -39,12 +39,10 @@ import functools
 import hashlib
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from nfc.blocked import BLOCKED, blocked_shape
-from nfc.diagnostics import CompileError, Diagnostic, Loc
 from nfc.ir import (
     Axis,
     Binary,
@@ -124,23 +122,9 @@ class Layout(ModulePass):
     db: str = ""
     """`when=auto`: the tuning cache holding `nfc tune`'s layout choices (empty: nfc's)."""
 
-    @classmethod
-    def from_options(cls, options: Mapping[str, str], *, at: Loc | None = None,
-                     option_locs: Mapping[str, Loc] | None = None) -> ModulePass:
-        """As `ModulePass.from_options`, and a bad `when` or `block` is an error located at
-        the option when the pipeline is read (not when it runs)."""
-        p = super().from_options(options, at=at, option_locs=option_locs)
-        assert isinstance(p, Layout)
-        bad = p.option_problem()
-        if bad is not None:
-            name, message = bad
-            where = next((loc for raw, loc in (option_locs or {}).items()
-                          if raw.replace("-", "_") == name), at)
-            raise CompileError([Diagnostic("error", message, where)])
-        return p
-
     def option_problem(self) -> tuple[str, str] | None:
-        """(option, message) of a bad option value, else None."""
+        """(option, message) of a bad `when` or `block`, else None (reported at the option
+        when the pipeline is read, `ModulePass.from_options`)."""
         if self.when not in WHEN:
             return "when", f"layout: when must be one of {', '.join(WHEN)}, got '{self.when}'"
         if self.block != "auto" and not (self.block.isdigit() and int(self.block) >= 1):

@@ -200,8 +200,7 @@ def _fuse_loops(loops: list[For]) -> Stmt:
     bodies = [x.body if x.var == var else map_stmt(x.body, {x.var: Index(var)}) for x in loops]
     first = bodies[0]
     if all(isinstance(b, For) and b.kind is LoopKind.SERIAL and b.const_extent is not None
-           and b.kind is first.kind and b.const_extent == first.const_extent
-           for b in bodies):
+           and b.const_extent == first.const_extent for b in bodies):
         body = _fuse_loops(bodies)  # type: ignore[arg-type]
     else:
         flat: list[Stmt] = []
