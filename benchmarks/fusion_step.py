@@ -26,23 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _artifact_steps(name: str, pipeline: str, settings: list[str]):
-    import numpy as np
 
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     # `pipeline` is the whole build pipeline (no apply-tuning; fusion, if any, in it)
     built = compile_model(ROOT / "examples" / f"{name}.nf", pipeline=pipeline, settings=settings)
     model = load(built.path)
-    model.init(seed=0)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 4, y.shape).astype(y.dtype)
-    meta = fn.meta
+    bound = synthetic_train_step(model, classes=4)
+    meta = model.train_step.meta
     info = {"kernels": len(meta["kernels"]), "copies": meta["copies"],
             "arena_kib": meta["arena_bytes"] // 1024}
     loss = float(bound()["loss"])

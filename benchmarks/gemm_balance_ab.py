@@ -30,13 +30,12 @@ MODELS = ["sc_rnn", "lstm_lm", "sublstm", "bert"]
 
 def build(name: str, balance: bool) -> tuple[Any, Any, Any]:
     """(model, bound train step, None) of benchmark model `name` with the rule on or off."""
-    import numpy as np
 
     from nfc.codegen import gemm_space
     from nfc.runtime.bench.models import resolve
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     bm = resolve(name)
     old, gemm_space.BALANCE_PANELS = gemm_space.BALANCE_PANELS, balance
@@ -46,13 +45,7 @@ def build(name: str, balance: bool) -> tuple[Any, Any, Any]:
     finally:
         gemm_space.BALANCE_PANELS = old
     model = load(built.path)
-    model.init(seed=0)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
+    bound = synthetic_train_step(model)
     return model, bound, None
 
 

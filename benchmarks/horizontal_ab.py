@@ -73,12 +73,11 @@ def counts(art: Any, func: str = "train_step") -> dict[str, int]:
 
 def build(name: str, hfuse: bool) -> tuple[Any, Any, Any]:
     """(model, bound train step, artifact) of benchmark model `name` with the switch set."""
-    import numpy as np
 
     from nfc.runtime.bench.models import resolve
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     bm = resolve(name)
     os.environ["NFC_HFUSE"] = "1" if hfuse else "0"
@@ -88,13 +87,7 @@ def build(name: str, hfuse: bool) -> tuple[Any, Any, Any]:
     finally:
         os.environ.pop("NFC_HFUSE", None)
     model = load(built.path)
-    model.init(seed=0)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
+    bound = synthetic_train_step(model)
     return model, bound, built.artifact
 
 

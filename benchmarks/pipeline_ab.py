@@ -22,22 +22,15 @@ from fusion_step import _once  # noqa: E402
 
 
 def _build(source: str, pipeline: str):
-    import numpy as np
 
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     model = load(compile_model(source, pipeline=pipeline).path)
-    model.init(seed=0)
     model.set_num_threads(1)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
-    return model, bound, len(fn.meta["kernels"]), float(bound()["loss"])
+    bound = synthetic_train_step(model)
+    return model, bound, len(model.train_step.meta["kernels"]), float(bound()["loss"])
 
 
 def main(argv: list[str]) -> int:

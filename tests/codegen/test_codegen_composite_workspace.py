@@ -153,18 +153,12 @@ def _train(src: Path, chunk: int, monkeypatch, settings):
     from nfc.passes.fusion import accumulate
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     monkeypatch.setattr(accumulate, "CHUNK", chunk)
     built = compile_model(src, settings=settings, use_cache=False)  # the key lacks CHUNK
     model = load(built.path)
-    model.init(seed=0)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
+    bound = synthetic_train_step(model)
     losses = [float(bound()["loss"]) for _ in range(2)]
     report = built.artifact.plans["train_step"].memory_report()
     return losses, {k: np.array(v) for k, v in model.state_dict().items()}, report

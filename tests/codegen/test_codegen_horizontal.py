@@ -144,18 +144,12 @@ def test_bit_identical_and_matches_interpreter(make, target, monkeypatch):
 def _train_twice(src: Path, flag: str, monkeypatch):
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.testing import synthetic_train_step
 
     monkeypatch.setenv("NFC_HFUSE", flag)
     built = compile_model(src, use_cache=False)  # the library cache's key lacks the switch
     model = load(built.path)
-    model.init(seed=0)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(0)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
+    bound = synthetic_train_step(model)
     losses = [float(bound()["loss"]) for _ in range(2)]
     fused = sum(isinstance(c[2], tuple) for comp in built.artifact.kernel_set.composites.values()
                 for c in comp.calls)
