@@ -29,7 +29,7 @@ def _artifact_steps(name: str, pipeline: str, settings: list[str]):
 
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     # `pipeline` is the whole build pipeline (no apply-tuning; fusion, if any, in it)
     built = compile_model(ROOT / "examples" / f"{name}.nf", pipeline=pipeline, settings=settings)

@@ -35,7 +35,7 @@ def build(name: str, balance: bool) -> tuple[Any, Any, Any]:
     from nfc.runtime.bench.models import resolve
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     bm = resolve(name)
     old, gemm_space.BALANCE_PANELS = gemm_space.BALANCE_PANELS, balance

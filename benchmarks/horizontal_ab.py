@@ -77,7 +77,7 @@ def build(name: str, hfuse: bool) -> tuple[Any, Any, Any]:
     from nfc.runtime.bench.models import resolve
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     bm = resolve(name)
     os.environ["NFC_HFUSE"] = "1" if hfuse else "0"

@@ -25,7 +25,7 @@ def _build(source: str, pipeline: str):
 
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     model = load(compile_model(source, pipeline=pipeline).path)
     model.set_num_threads(1)

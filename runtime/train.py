@@ -162,6 +162,22 @@ def model_io(fmeta: Mapping[str, Any]) -> tuple[datasets.InputSpec, datasets.Inp
         raise TrainError(str(exc)) from None
 
 
+def synthetic_train_step(model: Any, *, seed: int = 0, classes: int = 2) -> Any:
+    """`model.train_step` bound to a synthetic batch, the model initialised first
+    (`model.init(seed)`): features 0.1 * N(0, 1), labels (if any) uniform below `classes`,
+    both drawn from `seed`. Calling the result runs one step; the tuner's layout choice, A/B
+    benchmarks and bit-identity tests give several builds the same state and batch this way."""
+    model.init(seed=seed)
+    fn = model.train_step
+    x, y = model_io(fn.meta)
+    rng = np.random.default_rng(seed)
+    bound = fn.bind()
+    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
+    if y is not None:
+        bound.inputs[y.name][...] = rng.integers(0, classes, y.shape).astype(y.dtype)
+    return bound
+
+
 def model_classes(meta: Mapping[str, Any]) -> int:
     """Classes of the model: the last dimension of a `logits` (or `lengths`) result, else
     10."""

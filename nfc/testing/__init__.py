@@ -34,8 +34,7 @@ from nfc.testing.errbound import (
 
 __all__ = ["F64_RTOL", "INTRINSIC_ULPS", "INTRINSIC_ULPS_F64", "LAMBDA", "SLACK", "U32", "U64",
            "VALUE_FLOOR", "as_f64", "assert_close_f64", "assert_matches_oracle",
-           "assert_within_bounds", "bound_violations", "run_bounded", "synthetic_train_step",
-           "widen"]
+           "assert_within_bounds", "bound_violations", "run_bounded", "widen"]
 
 
 #: Relative tolerance of float64 comparisons between two correct implementations:
@@ -123,19 +122,3 @@ def assert_matches_oracle(func: Any, inputs: Any, got: Any, *, module: Module | 
                                        err_msg=f"result {n} (no finite error bound)")
     return fallback
 
-
-def synthetic_train_step(model: Any, *, seed: int = 0, classes: int = 2) -> Any:
-    """`model.train_step` bound to a synthetic batch, the model initialised first
-    (`model.init(seed)`): features 0.1 * N(0, 1), labels uniform below `classes`, both drawn
-    from `seed`. Calling the result runs one step; A/B benchmarks and bit-identity tests give
-    two builds the same state and batch this way."""
-    from nfc.runtime.train import model_io
-
-    model.init(seed=seed)
-    fn = model.train_step
-    x, y = model_io(fn.meta)
-    rng = np.random.default_rng(seed)
-    bound = fn.bind()
-    bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-    bound.inputs[y.name][...] = rng.integers(0, classes, y.shape).astype(y.dtype)
-    return bound

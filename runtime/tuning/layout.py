@@ -112,27 +112,17 @@ def choice_pipeline(pipeline: str, choice: str) -> str:
 def _builds(source: str | Path, settings: Sequence[str], model: str | None,
             pipeline: str, choices: Sequence[str], threads: int | None) -> dict[str, Any]:
     """A bound train step per choice, from the same initial state and inputs."""
-    import numpy as np
-
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.runtime.train import model_io
+    from nfc.runtime.train import synthetic_train_step
 
     steps: dict[str, Any] = {}
     for c in choices:
         m = load(compile_model(source, settings=settings, pipeline=choice_pipeline(pipeline, c),
                                model=model).path)
-        m.init(seed=0)
         if threads:
             m.set_num_threads(threads)
-        fn = m.train_step
-        x, y = model_io(fn.meta)
-        rng = np.random.default_rng(0)
-        bound = fn.bind()
-        bound.inputs[x.name][...] = (0.1 * rng.standard_normal(x.shape)).astype(x.dtype)
-        if y is not None:
-            bound.inputs[y.name][...] = rng.integers(0, 2, y.shape).astype(y.dtype)
-        steps[c] = (m, bound)
+        steps[c] = (m, synthetic_train_step(m))
     return steps
 
 

@@ -153,7 +153,7 @@ def _train(src: Path, chunk: int, monkeypatch, settings):
     from nfc.passes.fusion import accumulate
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     monkeypatch.setattr(accumulate, "CHUNK", chunk)
     built = compile_model(src, settings=settings, use_cache=False)  # the key lacks CHUNK

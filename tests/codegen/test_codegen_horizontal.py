@@ -144,7 +144,7 @@ def test_bit_identical_and_matches_interpreter(make, target, monkeypatch):
 def _train_twice(src: Path, flag: str, monkeypatch):
     from nfc.runtime.build import compile_model
     from nfc.runtime.loader import load
-    from nfc.testing import synthetic_train_step
+    from nfc.runtime.train import synthetic_train_step
 
     monkeypatch.setenv("NFC_HFUSE", flag)
     built = compile_model(src, use_cache=False)  # the library cache's key lacks the switch
